@@ -1,0 +1,81 @@
+#pragma once
+
+// Non-reentrant activation checkpointing for LibTorch (the semantics of
+// torch.utils.checkpoint(use_reentrant=false)): forward keeps only the inputs
+// of `fn`; every tensor autograd saves inside `fn` is dropped and recomputed
+// when backward first needs one of them.
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace prefire {
+
+using TensorList = std::vector<at::Tensor>;
+
+/// The function a checkpoint wraps. It must compute the same thing when
+/// called again with the same inputs: same operations, same shapes, same
+/// random numbers when `preserve_rng_state` restores the generators.
+using CheckpointFn = std::function<TensorList(const TensorList&)>;
+
+/// How a recomputation is compared with forward, per saved tensor ("slot").
+enum class DeterminismCheck {
+  kNone,      ///< no check: the recomputed tensors are trusted as they are
+  kMetadata,  ///< count, shape, dtype and device of every saved tensor
+};
+
+/// Parses "none" or "metadata"; throws std::invalid_argument otherwise.
+DeterminismCheck parse_determinism_check(const std::string& name);
+/// "none" or "metadata".
+const char* to_string(DeterminismCheck check);
+
+/// Something a user context hook returns: it is held for the duration of the
+/// run it wraps and released right after (also when the run throws). Its
+/// deleter runs the hook's "exit" and must not throw.
+using ContextGuard = std::shared_ptr<void>;
+using ContextFactory = std::function<ContextGuard()>;
+
+/// User hooks around the runs of `fn` (the C++ form of `context_fn`).
+/// `forward` is called right before the forward run, `recompute` right before
+/// every recomputation; each returned guard is released when that run ends.
+/// Both run on the thread that runs `fn` (recompute: the backward's thread).
+struct ContextFn {
+  ContextFactory forward;
+  ContextFactory recompute;
+};
+
+struct CheckpointOptions {
+  /// Stop a recomputation as soon as every tensor forward saved has been saved
+  /// again; the rest of `fn` does not run.
+  bool early_stop = true;
+  /// Capture the CPU generator and the generators of every CUDA device of the
+  /// inputs at forward, and run the recomputation from that state. The
+  /// caller's generator state is put back after the recomputation.
+  bool preserve_rng_state = true;
+  DeterminismCheck determinism_check = DeterminismCheck::kMetadata;
+  ContextFn context_fn;
+};
+
+/// Runs `fn(inputs)` without keeping the tensors autograd saves inside it;
+/// backward recomputes them (once per backward graph task) and the gradients
+/// equal those of `fn` run unchecked.
+///
+/// * With grad mode off, `fn` runs plainly. When nothing inside `fn` saved a
+///   tensor (nothing required grad), no checkpoint is kept either.
+/// * The inputs are saved through autograd, so an enclosing checkpoint drops
+///   them too, and an input modified in place after forward is reported as
+///   CheckpointError when backward needs it.
+/// * Requires prefire::install(); throws CheckpointError otherwise.
+/// * Threads: forward runs on the caller's thread; the recomputation runs on
+///   the thread of the backward that first needs it, under the autocast state
+///   and device captured at forward. Independent threads may checkpoint and
+///   backpropagate at once; the CPU generator is process-wide, so threads that
+///   draw random numbers inside checkpoints concurrently race on it, exactly as
+///   they would without prefire.
+TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs,
+                      const CheckpointOptions& options = {});
+
+}  // namespace prefire

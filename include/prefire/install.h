@@ -1,0 +1,19 @@
+#pragma once
+
+namespace prefire {
+
+/// Installs prefire's autograd engine as the process's default engine, the
+/// place where LibTorch asks for saved-tensor hooks (see Note [How C++ gets
+/// saved-tensor hooks] in src/engine.cpp).
+///
+/// Call it once at start-up, before the first backward of the process: worker
+/// threads of an engine that already ran keep serving that engine. Idempotent
+/// and thread-safe. Do not call it inside a Python process (PyTorch installs
+/// its own engine at import; is_installed() then stays false and checkpoint()
+/// says so).
+void install();
+
+/// True when prefire's engine is the process's default engine.
+bool is_installed();
+
+}  // namespace prefire

@@ -1,0 +1,8 @@
+#pragma once
+
+// Everything a training job needs from prefire.
+
+#include <prefire/checkpoint.h>
+#include <prefire/errors.h>
+#include <prefire/install.h>
+#include <prefire/saved_tensor_meter.h>

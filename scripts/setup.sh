@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs what prefire needs to build, when it is missing, and prints nothing
+# else on success. Idempotent: a second run does no work.
+#
+#   * torch 2.14.1 (LibTorch comes from the wheel) in a virtual environment
+#     outside the repository, so clean clones and CI reuse it:
+#     $PREFIRE_VENV, default ~/.cache/prefire/venv
+#   * Debian packages: GoogleTest, GoogleMock, Google Benchmark, Ninja, ccache
+#
+# Sourced or executed; prints the venv's python path on stdout as its last line
+# when run with --print-python.
+set -euo pipefail
+
+TORCH_VERSION="${PREFIRE_TORCH_VERSION:-2.14.1}"
+VENV="${PREFIRE_VENV:-$HOME/.cache/prefire/venv}"
+
+log() { echo "[setup] $*" >&2; }
+
+need_apt=()
+[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+[ -f /usr/include/gmock/gmock.h ] || need_apt+=(libgmock-dev)
+[ -f /usr/include/benchmark/benchmark.h ] || need_apt+=(libbenchmark-dev)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+command -v ccache >/dev/null || need_apt+=(ccache)
+command -v cmake >/dev/null || need_apt+=(cmake)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need_apt[*]}"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
+fi
+
+have_torch() {
+  [ -x "$VENV/bin/python" ] &&
+    "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$TORCH_VERSION' else 1)" 2>/dev/null
+}
+if ! have_torch; then
+  log "creating $VENV with torch==$TORCH_VERSION (first time only; several GB)"
+  mkdir -p "$(dirname "$VENV")"
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" 2>&1 |
+    grep -v "^WARNING: Location .* is ignored" >&2 || true
+  have_torch || { log "torch $TORCH_VERSION did not install into $VENV"; exit 1; }
+fi
+
+if [ "${1:-}" = "--print-python" ]; then echo "$VENV/bin/python"; fi

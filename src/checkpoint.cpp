@@ -1,0 +1,69 @@
+#include <prefire/checkpoint.h>
+#include <prefire/errors.h>
+#include <prefire/install.h>
+
+#include "frame.h"
+#include "hook_stack.h"
+
+#include <c10/core/GradMode.h>
+
+#include <stdexcept>
+
+namespace prefire {
+
+DeterminismCheck parse_determinism_check(const std::string& name) {
+  if (name == "none") return DeterminismCheck::kNone;
+  if (name == "metadata") return DeterminismCheck::kMetadata;
+  throw std::invalid_argument("prefire: determinism_check must be \"none\" or \"metadata\", got \"" + name + "\"");
+}
+
+const char* to_string(DeterminismCheck check) {
+  switch (check) {
+    case DeterminismCheck::kNone:
+      return "none";
+    case DeterminismCheck::kMetadata:
+      return "metadata";
+  }
+  return "invalid";
+}
+
+namespace {
+
+void validate(const CheckpointFn& fn, const CheckpointOptions& options) {
+  if (!fn) throw std::invalid_argument("prefire::checkpoint: fn is empty; pass the function to checkpoint");
+  switch (options.determinism_check) {
+    case DeterminismCheck::kNone:
+    case DeterminismCheck::kMetadata:
+      break;
+    default:
+      throw std::invalid_argument("prefire::checkpoint: options.determinism_check has the invalid value " +
+                                  std::to_string(static_cast<int>(options.determinism_check)) +
+                                  "; use DeterminismCheck::kNone or kMetadata");
+  }
+  if (!is_installed()) {
+    throw CheckpointError(
+        "prefire::checkpoint: prefire's autograd engine is not the default engine. Call prefire::install() "
+        "once at start-up, before the first backward (inside a Python process the C++ engine cannot be "
+        "installed)");
+  }
+}
+
+}  // namespace
+
+TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const CheckpointOptions& options) {
+  validate(fn, options);
+  if (!c10::GradMode::is_enabled()) return fn(inputs);
+
+  auto frame = std::make_shared<detail::Frame>(fn, inputs, options);
+  TensorList outputs;
+  {
+    ContextGuard user = options.context_fn.forward ? options.context_fn.forward() : nullptr;
+    detail::HookContextScope scope(frame.get());
+    outputs = fn(inputs);
+  }
+  frame->finish_forward();
+  // A frame that saved nothing is owned by nothing and goes away here.
+  return outputs;
+}
+
+}  // namespace prefire

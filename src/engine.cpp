@@ -1,0 +1,98 @@
+// Note [How C++ gets saved-tensor hooks]
+// LibTorch has no public C++ `saved_tensors_hooks`. SavedVariable asks the
+// default autograd engine for hooks every time autograd saves a tensor
+// (Engine::get_default_saved_variable_hooks, a virtual), and
+// set_default_engine_stub() replaces the default engine. prefire installs a
+// subclass whose override hands out hooks while a checkpoint is active on the
+// calling thread (see Note [One stack of hook contexts]) and nullptr
+// otherwise, so a saved tensor outside checkpoints costs one thread-local read.
+//
+// Limitations: the engine must be installed before the first backward (the
+// base engine's worker threads keep serving the base engine), and not inside a
+// Python process, whose engine is installed at import.
+
+#include <prefire/install.h>
+
+#include "engine.h"
+#include "hook_stack.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <atomic>
+#include <mutex>
+
+namespace prefire {
+namespace detail {
+namespace {
+
+// Adapts the frame logic's PackedTensor to autograd's SavedVariableHooks.
+class EngineHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit EngineHooks(HookContext* context) : context_(context) {}
+
+  // SavedVariable calls this once, right after asking for the hooks, on the
+  // same thread: `context_` is still the innermost context.
+  void call_pack_hook(const at::Tensor& tensor) override {
+    TORCH_INTERNAL_ASSERT(context_ != nullptr && !packed_);
+    packed_ = context_->pack(tensor);
+    context_ = nullptr;
+  }
+
+  at::Tensor call_unpack_hook() override {
+    TORCH_INTERNAL_ASSERT(packed_, "unpack before pack");
+    return packed_->unpack();
+  }
+
+ private:
+  HookContext* context_;
+  std::unique_ptr<PackedTensor> packed_;
+};
+
+class PrefireEngine final : public torch::autograd::Engine {
+ public:
+  static PrefireEngine& instance() {
+    static PrefireEngine engine;
+    return engine;
+  }
+  static torch::autograd::Engine& stub() { return instance(); }
+
+  ~PrefireEngine() override { stop(); }  // the base engine's rule for subclasses
+
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    HookContext* context = current_hook_context();
+    if (context == nullptr) return nullptr;
+    return std::make_unique<EngineHooks>(context);
+  }
+
+ private:
+  PrefireEngine() = default;
+};
+
+std::atomic<bool> g_installed{false};
+
+}  // namespace
+
+void queue_graph_task_callback(std::function<void()> callback) {
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
+}
+
+int64_t current_graph_task_id() { return torch::autograd::get_current_graph_task_id(); }
+
+}  // namespace detail
+
+void install() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    torch::autograd::set_default_engine_stub(&detail::PrefireEngine::stub);
+    detail::g_installed.store(true, std::memory_order_release);
+  });
+}
+
+bool is_installed() {
+  return detail::g_installed.load(std::memory_order_acquire) &&
+         &torch::autograd::Engine::get_default_engine() == &detail::PrefireEngine::instance();
+}
+
+}  // namespace prefire

@@ -1,0 +1,23 @@
+#pragma once
+
+// The few engine services the frame logic uses, kept out of engine.h's heavy
+// include graph.
+
+#include <cstdint>
+#include <functional>
+
+namespace prefire::detail {
+
+/// Runs `callback` when the backward graph task running on this thread ends
+/// (Engine::queue_callback). Only valid inside a backward.
+void queue_graph_task_callback(std::function<void()> callback);
+
+}  // namespace prefire::detail
+
+namespace prefire::detail {
+
+/// Id of the backward graph task running on this thread, or -1 outside
+/// backward.
+int64_t current_graph_task_id();
+
+}  // namespace prefire::detail

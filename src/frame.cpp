@@ -1,0 +1,339 @@
+// Note [Frame lifetime]
+// A frame is owned by the tensors it packed: every SavedVariable autograd made
+// inside the checkpoint holds a SlotRef, and each SlotRef holds the frame. When
+// the graph is freed, the SlotRefs go and the frame with them. Nothing else
+// owns a frame (handles handed to schedulers are weak), so a frame never
+// outlives its graph and holds no cycle: its saved inputs were made before it
+// existed and point only backwards.
+//
+// A recomputation is stored per key (the backward graph task). Its tensors
+// leave one by one as autograd unpacks them; those a graph task never unpacks
+// (partial backward) are dropped when the graph task ends, through
+// Engine::queue_callback. A slot whose SavedVariable autograd already freed is
+// not stored at all.
+
+#include "frame.h"
+
+#include <prefire/errors.h>
+
+#include "engine.h"
+
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace prefire::detail {
+
+struct Recomputation {
+  std::mutex mu;  // the first unpacker recomputes under it; the others wait
+  bool done = false;
+  std::vector<at::Tensor> tensors;  // by slot; moved out when unpacked
+  std::vector<uint8_t> consumed;    // by slot
+};
+
+namespace {
+
+// Note [Early stop]
+// A recomputation stops as soon as it has saved as many tensors as forward
+// did: the capture's pack hook throws StopRecompute from inside the op that
+// saved the last one, and the recompute driver catches it. It derives from
+// nothing, so user code inside `fn` that catches std::exception cannot swallow
+// it (only a catch (...) that does not rethrow can).
+struct StopRecompute {};
+
+// The forward's placeholder for one saved tensor.
+class SlotRef final : public PackedTensor {
+ public:
+  SlotRef(std::shared_ptr<Frame> frame, size_t slot) : frame_(std::move(frame)), slot_(slot) {}
+  ~SlotRef() override { frame_->release_slot(slot_); }
+  at::Tensor unpack() override { return frame_->unpack(slot_); }
+
+ private:
+  std::shared_ptr<Frame> frame_;
+  size_t slot_;
+};
+
+// What the recomputation's own graph keeps: the tensor itself (that graph is
+// dropped when the recomputation returns).
+class KeptTensor final : public PackedTensor {
+ public:
+  explicit KeptTensor(at::Tensor t) : tensor_(std::move(t)) {}
+  at::Tensor unpack() override { return tensor_; }
+
+ private:
+  at::Tensor tensor_;
+};
+
+// The context on top of the stack while a frame recomputes.
+class RecomputeCapture final : public HookContext {
+ public:
+  RecomputeCapture(Frame& frame, Recomputation& r) : frame_(frame), r_(r) {}
+
+  std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override {
+    if (frame_.store_recomputed(r_, count_++, tensor)) {
+      stopped_ = true;
+      throw StopRecompute{};
+    }
+    return std::make_unique<KeptTensor>(tensor.detach());
+  }
+
+  size_t count() const { return count_; }
+  bool stopped() const { return stopped_; }
+
+ private:
+  Frame& frame_;
+  Recomputation& r_;
+  size_t count_ = 0;
+  bool stopped_ = false;
+};
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
+}
+
+}  // namespace
+
+// ---- SlotMetadata ---------------------------------------------------------------
+
+SlotMetadata SlotMetadata::of(const at::Tensor& t) {
+  SlotMetadata m;
+  m.sizes = t.sizes().vec();
+  m.dtype = t.scalar_type();
+  m.device = t.device();
+  return m;
+}
+
+bool SlotMetadata::operator==(const SlotMetadata& other) const {
+  return sizes == other.sizes && dtype == other.dtype && device == other.device;
+}
+
+std::string SlotMetadata::to_string() const {
+  return cat("{shape ", c10::IntArrayRef(sizes), ", dtype ", dtype, ", device ", device, "}");
+}
+
+// ---- Frame: forward -------------------------------------------------------------
+
+// Note [Save frame inputs through autograd]
+// The frame needs its inputs to recompute. Held as plain tensors, a checkpoint
+// nested in another would keep the outer's intermediates alive and the outer
+// would save nothing. Held as SavedVariables made while the enclosing context
+// is on top of the stack, they are packed like any other saved tensor: an
+// enclosing frame drops them and gives them back when recomputed. A top-level
+// frame's SavedVariables simply hold the inputs. In-place changes are caught
+// through the inputs' version counters, kept separately so the check works in
+// both cases and raises CheckpointError rather than autograd's generic error.
+Frame::Frame(CheckpointFn fn, const TensorList& inputs, const CheckpointOptions& options)
+    : fn_(std::move(fn)),
+      options_(options),
+      state_(CapturedState::capture(inputs, options.preserve_rng_state)) {
+  saved_inputs_.reserve(inputs.size());
+  input_versions_.reserve(inputs.size());
+  input_saved_versions_.reserve(inputs.size());
+  for (const auto& input : inputs) {
+    saved_inputs_.emplace_back(input, /*is_output=*/false);
+    if (input.defined()) {
+      input_versions_.push_back(torch::autograd::impl::version_counter(input));
+      input_saved_versions_.push_back(input._version());
+    } else {
+      input_versions_.emplace_back();
+      input_saved_versions_.push_back(0);
+    }
+  }
+}
+
+Frame::~Frame() = default;
+
+std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
+  TORCH_INTERNAL_ASSERT(!forward_done_.load(std::memory_order_relaxed), "pack into a finished frame");
+  metadata_.push_back(SlotMetadata::of(tensor));
+  size_t slot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slot = alive_.size();
+    alive_.push_back(1);
+  }
+  return std::make_unique<SlotRef>(shared_from_this(), slot);
+}
+
+void Frame::finish_forward() {
+  num_slots_ = metadata_.size();
+  forward_done_.store(true, std::memory_order_release);
+}
+
+void Frame::release_slot(size_t slot) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  alive_[slot] = 0;
+}
+
+// ---- Frame: backward ------------------------------------------------------------
+
+at::Tensor Frame::unpack(size_t slot) {
+  if (!forward_done_.load(std::memory_order_acquire)) {
+    throw CheckpointError(
+        "prefire::checkpoint: a tensor saved inside a checkpointed function was unpacked before that "
+        "function returned (a backward inside the checkpointed function is not supported); run that "
+        "backward outside the checkpoint");
+  }
+  const int64_t graph_task = current_graph_task_id();
+  if (graph_task < 0) {
+    // Outside backward: a private key, recomputed for this unpack alone.
+    Recomputation r;
+    recompute(r);
+    return take(r, slot, "outside backward");
+  }
+  std::shared_ptr<Recomputation> r = recomputation_for(RecomputeKey{graph_task});
+  std::lock_guard<std::mutex> lock(r->mu);
+  if (!r->done) {
+    recompute(*r);
+    r->done = true;
+  }
+  return take(*r, slot, "in this backward");
+}
+
+std::shared_ptr<Recomputation> Frame::recomputation_for(RecomputeKey key) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [k, r] : recomputations_) {
+      if (k == key) return r;
+    }
+  }
+  // First unpack of this frame in this graph task. Only this graph task uses
+  // the key, and a graph task unpacks one node at a time per thread, so a
+  // second creation for the same key can only come from another device thread
+  // of the same task: look again under the lock.
+  auto fresh = std::make_shared<Recomputation>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [k, r] : recomputations_) {
+      if (k == key) return r;
+    }
+    recomputations_.emplace_back(key, fresh);
+  }
+  queue_graph_task_callback([weak = weak_from_this(), key] {
+    if (auto frame = weak.lock()) frame->drop(key);
+  });
+  return fresh;
+}
+
+void Frame::drop(RecomputeKey key) noexcept {
+  std::shared_ptr<Recomputation> dropped;  // released outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(recomputations_.begin(), recomputations_.end(),
+                         [&](const auto& entry) { return entry.first == key; });
+  if (it == recomputations_.end()) return;
+  dropped = std::move(it->second);
+  recomputations_.erase(it);
+}
+
+TensorList Frame::recompute_inputs() const {
+  TensorList args;
+  args.reserve(saved_inputs_.size());
+  for (size_t i = 0; i < saved_inputs_.size(); ++i) {
+    const auto& counter = input_versions_[i];
+    if (counter.enabled() && counter.current_version() != input_saved_versions_[i]) {
+      throw CheckpointError(cat(
+          "prefire::checkpoint: input ", i, " of a checkpoint was modified in place after the checkpoint's "
+          "forward (version ", input_saved_versions_[i], " at forward, ", counter.current_version(),
+          " now); recomputing from it would give wrong gradients. Modify a clone instead, or modify it "
+          "only after backward"));
+    }
+    at::Tensor input = saved_inputs_[i].unpack();
+    if (!input.defined()) {
+      args.push_back(input);
+      continue;
+    }
+    // The recomputation builds a graph of its own from detached inputs, with
+    // the same requires_grad as forward so that ops save the same tensors.
+    at::Tensor arg = input.detach();
+    if (input.requires_grad()) arg.requires_grad_(true);
+    args.push_back(std::move(arg));
+  }
+  return args;
+}
+
+bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& tensor) {
+  const bool check = options_.determinism_check != DeterminismCheck::kNone;
+  if (index >= num_slots_) {
+    if (check) {
+      throw CheckpointError(cat(
+          "prefire::checkpoint: the recomputation saved more tensors than forward did (forward saved ",
+          num_slots_, "; recompute is saving tensor ", index + 1,
+          "): the checkpointed function does not do the same work when called again"));
+    }
+    return false;  // nothing to store it as
+  }
+  if (check) {
+    SlotMetadata recomputed = SlotMetadata::of(tensor);
+    if (recomputed != metadata_[index]) {
+      throw CheckpointError(cat(
+          "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", num_slots_,
+          ") differs between forward and recomputation: forward ", metadata_[index].to_string(),
+          ", recompute ", recomputed.to_string(),
+          ". The checkpointed function is not deterministic in its shapes, dtypes or devices; make it so, "
+          "or pass determinism_check = none to skip this check"));
+    }
+  }
+  bool alive;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    alive = alive_[index] != 0;
+  }
+  if (alive) r.tensors[index] = tensor.detach();
+  return options_.early_stop && index + 1 == num_slots_;
+}
+
+void Frame::recompute(Recomputation& r) {
+  r.tensors.assign(num_slots_, at::Tensor());
+  r.consumed.assign(num_slots_, 0);
+  RecomputeCapture capture(*this, r);
+  try {
+    TensorList args = recompute_inputs();
+    StateRestoreGuard state(state_);  // See Note [Restoring state for recompute]
+    c10::AutoGradMode grad_mode(true);
+    ContextGuard user = options_.context_fn.recompute ? options_.context_fn.recompute() : nullptr;
+    HookContextScope scope(&capture);
+    try {
+      fn_(args);
+    } catch (const StopRecompute&) {
+    }
+  } catch (...) {
+    r.tensors.clear();
+    r.consumed.clear();
+    throw;
+  }
+  if (!capture.stopped() && capture.count() < num_slots_ &&
+      options_.determinism_check != DeterminismCheck::kNone) {
+    r.tensors.clear();
+    r.consumed.clear();
+    throw CheckpointError(cat(
+        "prefire::checkpoint: the recomputation saved fewer tensors than forward did (forward saved ",
+        num_slots_, ", recompute ", capture.count(),
+        "): the checkpointed function does not do the same work when called again"));
+  }
+}
+
+at::Tensor Frame::take(Recomputation& r, size_t slot, const char* where) {
+  TORCH_INTERNAL_ASSERT(slot < r.tensors.size(), "slot ", slot, " out of range ", r.tensors.size());
+  if (r.consumed[slot]) {
+    throw CheckpointError(cat(
+        "prefire::checkpoint: saved tensor ", slot, " of a checkpoint was unpacked a second time ", where,
+        "; a recomputed tensor is handed out once per backward. Read saved tensors once per backward "
+        "(e.g. keep the result of get_saved_variables() instead of calling it twice)"));
+  }
+  at::Tensor t = std::move(r.tensors[slot]);
+  if (!t.defined()) {
+    throw CheckpointError(cat(
+        "prefire::checkpoint: saved tensor ", slot, " was not produced by the recomputation (it saved fewer "
+        "tensors than forward, and determinism_check = none let that pass)"));
+  }
+  r.consumed[slot] = 1;
+  return t;
+}
+
+}  // namespace prefire::detail

@@ -1,0 +1,112 @@
+#include <prefire/saved_tensor_meter.h>
+
+#include "hook_stack.h"
+
+#include <c10/core/Storage.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+namespace prefire {
+namespace detail {
+
+class MeterContext final : public HookContext, public std::enable_shared_from_this<MeterContext> {
+ public:
+  std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override;
+
+  void add(c10::StorageImpl* storage, int64_t nbytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++saved_;
+    if (storage == nullptr) return;
+    if (refs_[storage]++ == 0) {
+      current_ += nbytes;
+      peak_ = std::max(peak_, current_);
+    }
+  }
+
+  void remove(c10::StorageImpl* storage, int64_t nbytes) noexcept {
+    if (storage == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = refs_.find(storage);
+    if (it == refs_.end()) return;
+    if (--it->second == 0) {
+      current_ -= nbytes;
+      refs_.erase(it);
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::unordered_map<c10::StorageImpl*, int64_t> refs_;  // storage -> saved tensors using it
+  int64_t current_ = 0;  // bytes
+  int64_t peak_ = 0;     // bytes
+  int64_t saved_ = 0;    // tensors
+};
+
+namespace {
+
+// Holds the saved tensor (detached: an output saved by its own node would
+// otherwise hold that node in a cycle) and repeats autograd's version check,
+// which SavedVariable skips for hooked tensors.
+class MeteredTensor final : public PackedTensor {
+ public:
+  MeteredTensor(std::shared_ptr<MeterContext> meter, const at::Tensor& t)
+      : meter_(std::move(meter)),
+        tensor_(t.detach()),
+        version_(t._version()),
+        storage_(t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr),
+        nbytes_(t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0) {
+    meter_->add(storage_, nbytes_);
+  }
+  ~MeteredTensor() override { meter_->remove(storage_, nbytes_); }
+
+  at::Tensor unpack() override {
+    TORCH_CHECK(tensor_._version() == version_,
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                "operation: [", tensor_.toString(), " ", tensor_.sizes(), "] is at version ", tensor_._version(),
+                "; expected version ", version_, " instead.");
+    return tensor_;
+  }
+
+ private:
+  std::shared_ptr<MeterContext> meter_;
+  at::Tensor tensor_;  // keeps the storage alive, so its address identifies it
+  uint32_t version_;
+  c10::StorageImpl* storage_;
+  int64_t nbytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<PackedTensor> MeterContext::pack(const at::Tensor& tensor) {
+  return std::make_unique<MeteredTensor>(shared_from_this(), tensor);
+}
+
+}  // namespace detail
+
+SavedTensorMeter::SavedTensorMeter()
+    : context_(std::make_shared<detail::MeterContext>()),
+      scope_(std::make_unique<detail::HookContextScope>(context_.get())) {}
+
+SavedTensorMeter::~SavedTensorMeter() { stop(); }
+
+void SavedTensorMeter::stop() { scope_.reset(); }
+
+int64_t SavedTensorMeter::current_bytes() const {
+  std::lock_guard<std::mutex> lock(context_->mu_);
+  return context_->current_;
+}
+
+int64_t SavedTensorMeter::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(context_->mu_);
+  return context_->peak_;
+}
+
+int64_t SavedTensorMeter::saved_tensors() const {
+  std::lock_guard<std::mutex> lock(context_->mu_);
+  return context_->saved_;
+}
+
+}  // namespace prefire

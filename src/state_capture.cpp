@@ -1,0 +1,128 @@
+#include "state_capture.h"
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <mutex>
+
+namespace prefire::detail {
+namespace {
+
+at::Generator generator_for(c10::Device device) {
+  return at::globalContext().defaultGenerator(device);
+}
+
+at::Tensor read_state(c10::Device device) {
+  auto gen = generator_for(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void write_state(c10::Device device, const at::Tensor& state) {
+  auto gen = generator_for(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+const c10::impl::DeviceGuardImplInterface* cuda_guard_impl() {
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return nullptr;
+  auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return impl->deviceCount() > 0 ? impl : nullptr;
+}
+
+std::optional<c10::Device> current_cuda_device() {
+  const auto* impl = cuda_guard_impl();
+  if (impl == nullptr) return std::nullopt;
+  return impl->getDevice();
+}
+
+}  // namespace
+
+AutocastState AutocastState::current() {
+  AutocastState s;
+  s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
+  s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+  s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  s.cache_enabled = at::autocast::is_autocast_cache_enabled();
+  return s;
+}
+
+void AutocastState::apply() const {
+  at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
+  at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+  at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
+  at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+  at::autocast::set_autocast_cache_enabled(cache_enabled);
+}
+
+RngState RngState::capture(const std::vector<at::Tensor>& inputs) {
+  RngState s;
+  s.cpu = read_state(c10::Device(c10::kCPU));
+  for (const auto& t : inputs) {
+    if (!t.defined() || !t.is_cuda()) continue;
+    c10::Device d = t.device();
+    bool seen = std::any_of(s.devices.begin(), s.devices.end(),
+                            [&](const auto& entry) { return entry.first == d; });
+    if (!seen) s.devices.emplace_back(d, read_state(d));
+  }
+  return s;
+}
+
+RngState RngState::capture_like(const RngState& like) {
+  RngState s;
+  s.cpu = read_state(c10::Device(c10::kCPU));
+  for (const auto& entry : like.devices) s.devices.emplace_back(entry.first, read_state(entry.first));
+  return s;
+}
+
+void RngState::apply() const {
+  write_state(c10::Device(c10::kCPU), cpu);
+  for (const auto& [device, state] : devices) write_state(device, state);
+}
+
+CapturedState CapturedState::capture(const std::vector<at::Tensor>& inputs, bool preserve_rng) {
+  CapturedState s;
+  if (preserve_rng) s.rng = RngState::capture(inputs);
+  s.autocast = AutocastState::current();
+  s.cuda_device = current_cuda_device();
+  return s;
+}
+
+StateRestoreGuard::StateRestoreGuard(const CapturedState& state)
+    : saved_autocast_(AutocastState::current()) {
+  if (state.rng) saved_rng_ = RngState::capture_like(*state.rng);
+  if (state.cuda_device) saved_device_ = current_cuda_device();
+  try {
+    if (state.rng) state.rng->apply();
+    if (state.cuda_device) cuda_guard_impl()->setDevice(*state.cuda_device);
+    state.autocast.apply();
+  } catch (...) {
+    restore();
+    throw;
+  }
+}
+
+StateRestoreGuard::~StateRestoreGuard() { restore(); }
+
+void StateRestoreGuard::restore() noexcept {
+  // Teardown never throws: try every step, report what failed.
+  saved_autocast_.apply();  // thread-local setters; cannot fail
+  if (saved_device_) cuda_guard_impl()->uncheckedSetDevice(*saved_device_);
+  if (saved_rng_) {
+    try {
+      saved_rng_->apply();
+    } catch (const std::exception& e) {
+      try {
+        TORCH_WARN("prefire: could not restore the generator state after a recomputation: ", e.what());
+      } catch (...) {  // a warning handler that throws must not escape a restore
+      }
+    } catch (...) {
+    }
+  }
+}
+
+}  // namespace prefire::detail

@@ -1,0 +1,352 @@
+// Checkpoint semantics beyond gradients: early stop, RNG and autocast
+// restore, user context hooks, determinism checks, in-place detection, double
+// unpack, exceptions, option validation.
+//
+// Not covered here: CUDA generators and devices (cuda tests), the checksum
+// determinism mode, sessions.
+
+#include "test_support.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/Generator.h>
+
+#include <string>
+
+namespace prefire::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+at::Tensor input(int64_t n = 64) { return at::randn({4, n}).requires_grad_(true); }
+
+at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+struct UserError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---- early stop -----------------------------------------------------------------
+
+int run_with_early_stop(bool early_stop, int* caught = nullptr) {
+  int after_last_save = 0;
+  CheckpointFn fn = [&](const TensorList& in) {
+    try {
+      auto a = in[0].sin();  // saves in[0]
+      auto b = a.cos();      // saves a: the last save
+      ++after_last_save;     // side effect after the last save
+      return TensorList{b * 2.0};
+    } catch (const std::exception&) {
+      if (caught) ++*caught;
+      throw;
+    }
+  };
+  CheckpointOptions options;
+  options.early_stop = early_stop;
+  auto x = input();
+  auto y = checkpoint(fn, {x}, options)[0];
+  auto g = grads(y, {x});
+  EXPECT_TRUE(at::allclose(g[0], grads((x.sin().cos() * 2.0), {x})[0]));
+  return after_last_save;
+}
+
+TEST(CheckpointSemantics, EarlyStopSkipsWorkAfterLastSave) { EXPECT_EQ(run_with_early_stop(true), 1); }
+
+TEST(CheckpointSemantics, NoEarlyStopRunsFunctionToTheEnd) { EXPECT_EQ(run_with_early_stop(false), 2); }
+
+TEST(CheckpointSemantics, EarlyStopSignalIsNotAStdException) {
+  int caught = 0;
+  EXPECT_EQ(run_with_early_stop(true, &caught), 1);
+  EXPECT_EQ(caught, 0) << "user code caught the early-stop signal as std::exception";
+}
+
+// ---- RNG --------------------------------------------------------------------------
+
+TensorList dropout_grads(bool preserve_rng_state, bool checkpointed) {
+  at::manual_seed(11);
+  auto x = input(256);
+  CheckpointFn fn = [](const TensorList& in) { return TensorList{at::dropout(in[0].sin(), 0.5, true)}; };
+  CheckpointOptions options;
+  options.preserve_rng_state = preserve_rng_state;
+  auto y = checkpointed ? checkpoint(fn, {x}, options)[0] : fn({x})[0];
+  at::rand({1000});  // other random work between forward and backward
+  return grads(y, {x});
+}
+
+TEST(CheckpointSemantics, DropoutMasksIdenticalWithPreservedRngState) {
+  expect_all_equal(dropout_grads(true, true), dropout_grads(true, false));
+}
+
+TEST(CheckpointSemantics, DropoutMasksDifferWithoutPreservedRngState) {
+  // Documented: the metadata check cannot see a different mask (same shapes);
+  // the gradients differ.
+  auto unchecked = dropout_grads(false, false)[0];
+  auto checked = dropout_grads(false, true)[0];
+  EXPECT_FALSE(at::equal(checked, unchecked));
+}
+
+TEST(CheckpointSemantics, CallerRngStateUnchangedByRecompute) {
+  at::manual_seed(12);
+  auto x = input();
+  auto y = checkpoint([](const TensorList& in) { return TensorList{at::dropout(in[0], 0.3, true).sin()}; }, {x})[0];
+  at::rand({17});
+  auto before = cpu_rng_state();
+  grads(y, {x});
+  EXPECT_TRUE(at::equal(cpu_rng_state(), before));
+}
+
+// ---- autocast ---------------------------------------------------------------------
+
+struct CpuAutocast {
+  bool was_enabled = at::autocast::is_autocast_enabled(at::kCPU);
+  at::ScalarType was_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  explicit CpuAutocast(at::ScalarType dtype) {
+    at::autocast::set_autocast_dtype(at::kCPU, dtype);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+  }
+  ~CpuAutocast() {
+    at::autocast::set_autocast_enabled(at::kCPU, was_enabled);
+    at::autocast::set_autocast_dtype(at::kCPU, was_dtype);
+    at::autocast::clear_cache();
+  }
+};
+
+TEST(CheckpointSemantics, CpuAutocastReappliedInRecomputeOutsideAutocast) {
+  at::manual_seed(13);
+  auto x = input(32);
+  auto w = param({32, 32});
+  CheckpointFn fn = [&](const TensorList& in) { return TensorList{at::linear(in[0], w).sin()}; };
+  TensorList expected;
+  {
+    CpuAutocast autocast(at::kBFloat16);
+    auto y = fn({x})[0];
+    ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+    expected = grads(y, {x, w}, /*retain_graph=*/true);
+  }
+  at::Tensor y;
+  {
+    CpuAutocast autocast(at::kBFloat16);
+    y = checkpoint(fn, {x})[0];
+  }
+  ASSERT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  // Recomputed without autocast, the saved tensors would be float32 and the
+  // metadata check would raise; with it, gradients match bit for bit.
+  expect_all_equal(grads(y, {x, w}), expected);
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU)) << "recompute leaked its autocast state";
+}
+
+// ---- context hooks --------------------------------------------------------------
+
+TEST(CheckpointSemantics, ContextFnHooksWrapForwardAndRecomputeInOrder) {
+  std::vector<std::string> events;
+  auto guard = [&](std::string name) {
+    events.push_back(name + " enter");
+    return ContextGuard(nullptr, [&events, name](void*) { events.push_back(name + " exit"); });
+  };
+  CheckpointOptions options;
+  options.context_fn.forward = [&] { return guard("forward"); };
+  options.context_fn.recompute = [&] { return guard("recompute"); };
+  auto x = input();
+  auto y = checkpoint([&](const TensorList& in) {
+        events.push_back("fn");
+        return TensorList{in[0].sin()};
+      }, {x}, options)[0];
+  grads(y, {x});
+  EXPECT_EQ(events, (std::vector<std::string>{"forward enter", "fn", "forward exit", "recompute enter", "fn",
+                                                "recompute exit"}));
+}
+
+// ---- determinism check ------------------------------------------------------------
+
+// A function whose second run narrows its input differently.
+CheckpointFn shape_changing(int& runs) {
+  return [&runs](const TensorList& in) {
+    int64_t n = runs++ == 0 ? 8 : 6;
+    return TensorList{in[0].narrow(1, 0, n).sin().sum(1)};
+  };
+}
+
+TEST(CheckpointSemantics, MetadataMismatchRaisesCheckpointErrorNamingSlot) {
+  int runs = 0;
+  auto x = input();
+  auto y = checkpoint(shape_changing(runs), {x})[0];
+  try {
+    grads(y, {x});
+    FAIL() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("saved tensor 0"));
+    EXPECT_THAT(e.what(), HasSubstr("[4, 8]"));
+    EXPECT_THAT(e.what(), HasSubstr("[4, 6]"));
+  }
+}
+
+TEST(CheckpointSemantics, FewerSavesInRecomputeRaisesCheckpointError) {
+  int runs = 0;
+  CheckpointFn fn = [&](const TensorList& in) {
+    auto a = in[0].sin();
+    if (runs++ == 0) a = a.cos();  // forward saves twice, recompute once
+    return TensorList{a * 3.0};
+  };
+  auto x = input();
+  auto y = checkpoint(fn, {x})[0];
+  try {
+    grads(y, {x});
+    FAIL() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("fewer tensors than forward did (forward saved 2, recompute 1)"));
+  }
+}
+
+TEST(CheckpointSemantics, MoreSavesInRecomputeRaisesCheckpointError) {
+  int runs = 0;
+  CheckpointFn fn = [&](const TensorList& in) {
+    auto a = in[0].sin();
+    if (runs++ > 0) a = a.cos();  // recompute saves one more
+    return TensorList{a * 3.0};
+  };
+  CheckpointOptions options;
+  options.early_stop = false;  // with early stop the extra save is never reached
+  auto x = input();
+  auto y = checkpoint(fn, {x}, options)[0];
+  try {
+    grads(y, {x});
+    FAIL() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("more tensors than forward did (forward saved 1"));
+  }
+}
+
+TEST(CheckpointSemantics, DeterminismNoneLetsAMetadataChangePass) {
+  // The recomputation saves a float64 tensor where forward saved float32; the
+  // backward copes (autograd casts the gradient back), and `none` trusts it.
+  int runs = 0;
+  CheckpointFn fn = [&](const TensorList& in) {
+    auto t = runs++ == 0 ? in[0] : in[0].to(at::kDouble);
+    return TensorList{t.sin().to(at::kFloat)};
+  };
+  auto x = input();
+  CheckpointOptions options;
+  options.determinism_check = DeterminismCheck::kNone;
+  auto y = checkpoint(fn, {x}, options)[0];
+  TensorList g;
+  ASSERT_NO_THROW(g = grads(y, {x}));
+  EXPECT_TRUE(at::allclose(g[0], grads(x.sin(), {x})[0]));
+
+  runs = 0;
+  auto y2 = checkpoint(fn, {x})[0];  // default: metadata
+  EXPECT_THROW(grads(y2, {x}), CheckpointError);
+}
+
+// ---- misuse ---------------------------------------------------------------------
+
+TEST(CheckpointSemantics, InputModifiedInPlaceAfterForwardRaises) {
+  auto x = input();
+  auto h = x * 2.0;  // a non-leaf the user may modify
+  auto y = checkpoint([](const TensorList& in) { return TensorList{in[0].sin()}; }, {h})[0];
+  h.add_(1.0);
+  try {
+    grads(y, {x});
+    FAIL() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("input 0 of a checkpoint was modified in place"));
+  }
+}
+
+struct ReadsSavedTwice : torch::autograd::Function<ReadsSavedTwice> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x) {
+    ctx->save_for_backward({x});
+    return x.exp();
+  }
+  static TensorList backward(torch::autograd::AutogradContext* ctx, TensorList g) {
+    auto first = ctx->get_saved_variables()[0];
+    auto second = ctx->get_saved_variables()[0];
+    return {g[0] * first.exp() + 0 * second};
+  }
+};
+
+TEST(CheckpointSemantics, SlotUnpackedTwiceInOneBackwardRaises) {
+  auto x = input();
+  auto y = checkpoint([](const TensorList& in) { return TensorList{ReadsSavedTwice::apply(in[0].sin())}; }, {x})[0];
+  try {
+    grads(y, {x});
+    FAIL() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unpacked a second time in this backward"));
+  }
+}
+
+// After a failure, nothing of prefire may stay on this thread: a plain graph
+// keeps its saved tensors, and a new checkpoint works.
+void expect_clean_thread_state() {
+  StorageWatch watch;
+  auto x = input();
+  auto h = x.sin();
+  watch.watch(h);
+  auto y = h.cos();  // saves h
+  h.reset();
+  EXPECT_EQ(watch.alive(), 1u) << "a plain saved tensor was packed by a leftover checkpoint context";
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  auto z = checkpoint([](const TensorList& in) { return TensorList{in[0].sin().cos()}; }, {x})[0];
+  expect_all_equal(grads(z, {x}), grads(x.sin().cos(), {x}));
+}
+
+TEST(CheckpointSemantics, ExceptionInForwardLeavesNoState) {
+  auto x = input();
+  CheckpointFn fn = [](const TensorList& in) -> TensorList {
+    auto a = in[0].sin();
+    throw UserError("boom in forward");
+  };
+  EXPECT_THROW(checkpoint(fn, {x}), UserError);
+  expect_clean_thread_state();
+}
+
+TEST(CheckpointSemantics, ExceptionInRecomputeLeavesNoStateAndRestoresRng) {
+  int runs = 0;
+  CheckpointFn fn = [&](const TensorList& in) {
+    auto a = at::dropout(in[0], 0.5, true);  // draws random numbers, then saves
+    if (runs++ > 0) throw UserError("boom in recompute");  // before the last save: early stop cannot skip it
+    return TensorList{a.sin()};
+  };
+  auto x = input();
+  auto y = checkpoint(fn, {x})[0];
+  auto before = cpu_rng_state();
+  EXPECT_THROW(grads(y, {x}), UserError);
+  EXPECT_TRUE(at::equal(cpu_rng_state(), before)) << "the failed recompute left the forward's RNG state";
+  expect_clean_thread_state();
+}
+
+// ---- options --------------------------------------------------------------------
+
+TEST(CheckpointOptionsTest, ParseDeterminismCheck) {
+  EXPECT_EQ(parse_determinism_check("none"), DeterminismCheck::kNone);
+  EXPECT_EQ(parse_determinism_check("metadata"), DeterminismCheck::kMetadata);
+  EXPECT_STREQ(to_string(DeterminismCheck::kMetadata), "metadata");
+  try {
+    parse_determinism_check("sometimes");
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("determinism_check"));
+    EXPECT_THAT(e.what(), HasSubstr("sometimes"));
+  }
+}
+
+TEST(CheckpointOptionsTest, EmptyFunctionRaises) {
+  EXPECT_THROW(checkpoint(CheckpointFn(), {input()}), std::invalid_argument);
+}
+
+TEST(CheckpointOptionsTest, OutOfRangeDeterminismCheckRaisesNamingTheOption) {
+  CheckpointOptions options;
+  options.determinism_check = static_cast<DeterminismCheck>(42);
+  try {
+    checkpoint([](const TensorList& in) { return in; }, {input()}, options);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("determinism_check"));
+  }
+}
+
+}  // namespace
+}  // namespace prefire::testing

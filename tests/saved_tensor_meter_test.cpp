@@ -1,0 +1,67 @@
+// SavedTensorMeter: counts the bytes autograd's saved tensors hold, per
+// storage, and keeps autograd's in-place check.
+//
+// Not covered here: CUDA tensors (the meter is device-agnostic: it reads
+// storage sizes only).
+
+#include "test_support.h"
+
+namespace prefire::testing {
+namespace {
+
+TEST(SavedTensorMeter, CountsEachSavedStorageOnceUntilReleased) {
+  auto x = at::randn({4, 64}).requires_grad_(true);  // 1 KiB
+  SavedTensorMeter meter;
+  auto a = x.sin();  // saves x
+  auto b = x.cos();  // saves x again: same storage
+  auto c = a * b;    // saves a and b
+  meter.stop();
+  EXPECT_EQ(meter.saved_tensors(), 4);
+  EXPECT_EQ(meter.current_bytes(), 3 * 1024);
+  EXPECT_EQ(meter.peak_bytes(), 3 * 1024);
+  a.reset();
+  b.reset();
+  c.reset();  // the graph goes, and its saved tensors with it
+  EXPECT_EQ(meter.current_bytes(), 0);
+  EXPECT_EQ(meter.peak_bytes(), 3 * 1024);
+}
+
+TEST(SavedTensorMeter, CheckpointedBlockSavesOnlyItsInput) {
+  at::manual_seed(21);
+  Block block(16, 0.0);
+  auto x = at::randn({2, 8, 16}).requires_grad_(true);
+  int64_t plain, checkpointed;
+  {
+    SavedTensorMeter meter;
+    auto y = block.forward(x);
+    meter.stop();
+    plain = meter.current_bytes();
+  }
+  {
+    SavedTensorMeter meter;
+    auto y = checkpoint(block.fn(), {x})[0];
+    meter.stop();
+    checkpointed = meter.current_bytes();
+    grads(y, {x});
+  }
+  EXPECT_EQ(checkpointed, static_cast<int64_t>(x.nbytes()));
+  EXPECT_GT(plain, 10 * checkpointed);
+}
+
+TEST(SavedTensorMeter, KeepsAutogradsInPlaceCheck) {
+  auto x = at::randn({8}).requires_grad_(true);
+  SavedTensorMeter meter;
+  auto h = x.sin();
+  auto y = h.cos();  // saves h
+  meter.stop();
+  h.add_(1.0);
+  try {
+    grads(y, {x});
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("modified by an inplace operation"));
+  }
+}
+
+}  // namespace
+}  // namespace prefire::testing

@@ -1,0 +1,113 @@
+#pragma once
+
+// Helpers shared by the tests: a transformer-style block whose parameters are
+// captured by the checkpointed function, gradient helpers, and weak references
+// to storages to observe what stays alive.
+
+#include <prefire/prefire.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/Storage.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+namespace prefire::testing {
+
+using TensorList = std::vector<at::Tensor>;
+
+inline at::Tensor param(at::IntArrayRef sizes, double scale = 0.2) {
+  return (at::randn(sizes) * scale).requires_grad_(true);
+}
+
+/// Pre-LN block: LayerNorm, single-head softmax attention, dropout, residual,
+/// Linear-GELU-Linear MLP, dropout, residual. x: [batch, seq, dim].
+struct Block {
+  int64_t dim;
+  double dropout;
+  at::Tensor ln_w, ln_b, wq, wk, wv, wo, w1, b1, w2, b2;
+
+  explicit Block(int64_t d, double p = 0.1) : dim(d), dropout(p) {
+    ln_w = (at::ones({d}) + at::randn({d}) * 0.1).requires_grad_(true);
+    ln_b = param({d});
+    wq = param({d, d});
+    wk = param({d, d});
+    wv = param({d, d});
+    wo = param({d, d});
+    w1 = param({4 * d, d});
+    b1 = param({4 * d});
+    w2 = param({d, 4 * d});
+    b2 = param({d});
+  }
+
+  TensorList params() const { return {ln_w, ln_b, wq, wk, wv, wo, w1, b1, w2, b2}; }
+
+  at::Tensor forward(const at::Tensor& x) const {
+    auto h = at::layer_norm(x, {dim}, ln_w, ln_b);
+    auto q = at::linear(h, wq), k = at::linear(h, wk), v = at::linear(h, wv);
+    auto att = at::softmax(at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(dim)), -1);
+    att = at::dropout(att, dropout, /*train=*/true);
+    auto x2 = x + at::linear(at::matmul(att, v), wo);
+    auto m = at::gelu(at::linear(x2, w1, b1));
+    m = at::dropout(m, dropout, /*train=*/true);
+    return x2 + at::linear(m, w2, b2);
+  }
+
+  /// The block as a checkpointable function.
+  CheckpointFn fn() const {
+    return [this](const TensorList& in) { return TensorList{forward(in[0])}; };
+  }
+};
+
+/// d(sum(y * weights)) / d(wrt); weights fixed so every gradient element counts.
+inline TensorList grads(const at::Tensor& y, const TensorList& wrt, bool retain_graph = false) {
+  auto gy = at::linspace(-1.0, 1.0, y.numel()).reshape(y.sizes());
+  return torch::autograd::grad({y}, wrt, {gy}, retain_graph, /*create_graph=*/false, /*allow_unused=*/true);
+}
+
+inline void expect_all_equal(const TensorList& a, const TensorList& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].defined(), b[i].defined()) << "gradient " << i;
+    if (!a[i].defined()) continue;
+    EXPECT_TRUE(at::equal(a[i], b[i])) << "gradient " << i << " differs, max |diff| = "
+                                       << (a[i] - b[i]).abs().max().item<double>();
+  }
+}
+
+inline TensorList concat(TensorList a, const TensorList& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+/// Weak references to storages, to see whether anything still holds them.
+class StorageWatch {
+ public:
+  void watch(const at::Tensor& t) { refs_.push_back(t.storage().getWeakStorageImpl()); }
+  size_t alive() const {
+    size_t n = 0;
+    for (const auto& r : refs_) n += r.expired() ? 0 : 1;
+    return n;
+  }
+  size_t size() const { return refs_.size(); }
+  void clear() { refs_.clear(); }
+
+ private:
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> refs_;
+};
+
+/// Wraps `fn` so that every run (forward or recompute) is counted.
+inline CheckpointFn counted(CheckpointFn fn, std::atomic<int>& runs) {
+  return [fn = std::move(fn), &runs](const TensorList& in) {
+    ++runs;
+    return fn(in);
+  };
+}
+
+}  // namespace prefire::testing
