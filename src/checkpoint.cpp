@@ -4,6 +4,8 @@
 
 #include "frame.h"
 #include "hook_stack.h"
+#include "schedule_internal.h"
+#include "session.h"
 
 #include <c10/core/GradMode.h>
 
@@ -53,6 +55,12 @@ void validate(const CheckpointFn& fn, const CheckpointOptions& options) {
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const CheckpointOptions& options) {
   validate(fn, options);
   if (!c10::GradMode::is_enabled()) return fn(inputs);
+  if (detail::session_scope_open_on_this_thread() || detail::scheduled_recompute_on_this_thread()) {
+    throw CheckpointError(
+        "prefire::checkpoint: nested checkpoint under scheduled recomputation: a checkpoint was created while a "
+        "SessionScope is open on this thread or while a session recomputes; sessions support checkpoints that "
+        "do not nest. Run this forward outside the SessionScope, or checkpoint at one level only");
+  }
 
   auto frame = std::make_shared<detail::Frame>(fn, inputs, options);
   TensorList outputs;
@@ -63,6 +71,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const Ch
   }
   frame->finish_forward();
   // A frame that saved nothing is owned by nothing and goes away here.
+  if (frame->num_slots() > 0 && !detail::recomputing_on_this_thread()) detail::collect(frame);
   return outputs;
 }
 

@@ -6,17 +6,20 @@
 // outlives its graph and holds no cycle: its saved inputs were made before it
 // existed and point only backwards.
 //
-// A recomputation is stored per key (the backward graph task). Its tensors
-// leave one by one as autograd unpacks them; those a graph task never unpacks
-// (partial backward) are dropped when the graph task ends, through
-// Engine::queue_callback. A slot whose SavedVariable autograd already freed is
-// not stored at all.
+// A recomputation is stored per key. Without a session the key is the backward
+// graph task: its tensors leave one by one as autograd unpacks them, and those
+// the graph task never unpacks (partial backward) are dropped when it ends,
+// through Engine::queue_callback. A frame registered to a session keeps one
+// recomputation for it, which lives until clear_session() (or until each
+// tensor's unpack with retain_on_unpack=false). A slot whose SavedVariable
+// autograd already freed is not stored at all.
 
 #include "frame.h"
 
 #include <prefire/errors.h>
 
 #include "engine.h"
+#include "session.h"
 
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -26,13 +29,6 @@
 #include <sstream>
 
 namespace prefire::detail {
-
-struct Recomputation {
-  std::mutex mu;  // the first unpacker recomputes under it; the others wait
-  bool done = false;
-  std::vector<at::Tensor> tensors;  // by slot; moved out when unpacked
-  std::vector<uint8_t> consumed;    // by slot
-};
 
 namespace {
 
@@ -97,7 +93,29 @@ std::string cat(const Args&... args) {
   return out.str();
 }
 
+thread_local int tls_recompute_depth = 0;
+thread_local int tls_scheduled_depth = 0;
+
+// Marks this thread as recomputing (into a session when `scheduled`).
+class RecomputeDepthGuard {
+ public:
+  explicit RecomputeDepthGuard(bool scheduled) : scheduled_(scheduled) {
+    ++tls_recompute_depth;
+    tls_scheduled_depth += scheduled_ ? 1 : 0;
+  }
+  ~RecomputeDepthGuard() {
+    --tls_recompute_depth;
+    tls_scheduled_depth -= scheduled_ ? 1 : 0;
+  }
+
+ private:
+  bool scheduled_;
+};
+
 }  // namespace
+
+bool recomputing_on_this_thread() { return tls_recompute_depth > 0; }
+bool scheduled_recompute_on_this_thread() { return tls_scheduled_depth > 0; }
 
 // ---- SlotMetadata ---------------------------------------------------------------
 
@@ -140,6 +158,10 @@ Frame::Frame(CheckpointFn fn, const TensorList& inputs, const CheckpointOptions&
     if (input.defined()) {
       input_versions_.push_back(torch::autograd::impl::version_counter(input));
       input_saved_versions_.push_back(input._version());
+      if (input.has_storage()) {
+        forward_uncounted_.insert(input.storage().unsafeGetStorageImpl());
+        forward_pins_.push_back(input.storage().getWeakStorageImpl());
+      }
     } else {
       input_versions_.emplace_back();
       input_saved_versions_.push_back(0);
@@ -152,6 +174,14 @@ Frame::~Frame() = default;
 std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
   TORCH_INTERNAL_ASSERT(!forward_done_.load(std::memory_order_relaxed), "pack into a finished frame");
   metadata_.push_back(SlotMetadata::of(tensor));
+  // See Note [Counting recomputed bytes]: parameters and inputs are aliases.
+  bool counted = tensor.has_storage() && !(tensor.is_leaf() && tensor.requires_grad()) &&
+                 forward_uncounted_.count(tensor.storage().unsafeGetStorageImpl()) == 0;
+  counted_.push_back(counted ? 1 : 0);
+  if (counted && forward_counted_.insert(tensor.storage().unsafeGetStorageImpl()).second) {
+    expected_bytes_ += static_cast<int64_t>(tensor.storage().nbytes());
+    forward_pins_.push_back(tensor.storage().getWeakStorageImpl());
+  }
   size_t slot;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -163,6 +193,9 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
 
 void Frame::finish_forward() {
   num_slots_ = metadata_.size();
+  forward_uncounted_.clear();
+  forward_counted_.clear();
+  forward_pins_.clear();
   forward_done_.store(true, std::memory_order_release);
 }
 
@@ -180,56 +213,116 @@ at::Tensor Frame::unpack(size_t slot) {
         "function returned (a backward inside the checkpointed function is not supported); run that "
         "backward outside the checkpoint");
   }
+  if (Session* session = bound_.load(std::memory_order_acquire)) return unpack_from_session(*session, slot);
   const int64_t graph_task = current_graph_task_id();
   if (graph_task < 0) {
     // Outside backward: a private key, recomputed for this unpack alone.
     Recomputation r;
-    recompute(r);
-    return take(r, slot, "outside backward");
+    recompute(r, /*scheduled=*/false);
+    return take(r, slot, /*retain=*/false, nullptr);
   }
-  std::shared_ptr<Recomputation> r = recomputation_for(RecomputeKey{graph_task});
+  std::shared_ptr<Recomputation> r = recomputation_for(graph_task);
   std::lock_guard<std::mutex> lock(r->mu);
   if (!r->done) {
-    recompute(*r);
+    recompute(*r, /*scheduled=*/false);
     r->done = true;
   }
-  return take(*r, slot, "in this backward");
+  return take(*r, slot, /*retain=*/false, nullptr);
 }
 
-std::shared_ptr<Recomputation> Frame::recomputation_for(RecomputeKey key) {
+at::Tensor Frame::unpack_from_session(Session& session, size_t slot) {
+  std::shared_ptr<Recomputation> r = session_entry().recomputation;
+  TORCH_INTERNAL_ASSERT(r, "a frame bound to session ", session.id, " has no recomputation for it");
+  std::lock_guard<std::mutex> lock(r->mu);
+  if (!r->done) {
+    recompute(*r, /*scheduled=*/true);
+    r->done = true;
+    session.lazy_recomputes.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    session.hits.fetch_add(1, std::memory_order_relaxed);
+  }
+  return take(*r, slot, session.retain_on_unpack.load(std::memory_order_acquire), &session);
+}
+
+std::shared_ptr<Recomputation> Frame::recomputation_for(int64_t graph_task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [k, r] : recomputations_) {
-      if (k == key) return r;
+    for (const auto& [id, r] : graph_tasks_) {
+      if (id == graph_task) return r;
     }
   }
-  // First unpack of this frame in this graph task. Only this graph task uses
-  // the key, and a graph task unpacks one node at a time per thread, so a
-  // second creation for the same key can only come from another device thread
-  // of the same task: look again under the lock.
+  // First unpack of this frame in this graph task. Another device thread of
+  // the same task may get here at the same time: look again under the lock.
   auto fresh = std::make_shared<Recomputation>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [k, r] : recomputations_) {
-      if (k == key) return r;
+    for (const auto& [id, r] : graph_tasks_) {
+      if (id == graph_task) return r;
     }
-    recomputations_.emplace_back(key, fresh);
+    graph_tasks_.emplace_back(graph_task, fresh);
   }
-  queue_graph_task_callback([weak = weak_from_this(), key] {
-    if (auto frame = weak.lock()) frame->drop(key);
+  queue_graph_task_callback([weak = weak_from_this(), graph_task] {
+    if (auto frame = weak.lock()) frame->drop(graph_task);
   });
   return fresh;
 }
 
-void Frame::drop(RecomputeKey key) noexcept {
-  std::shared_ptr<Recomputation> dropped;  // released outside the lock
+void Frame::drop(int64_t graph_task) noexcept {
+  std::shared_ptr<Recomputation> dropped;  // released after the lock
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::find_if(recomputations_.begin(), recomputations_.end(),
-                         [&](const auto& entry) { return entry.first == key; });
-  if (it == recomputations_.end()) return;
+  auto it = std::find_if(graph_tasks_.begin(), graph_tasks_.end(),
+                         [&](const auto& entry) { return entry.first == graph_task; });
+  if (it == graph_tasks_.end()) return;
   dropped = std::move(it->second);
-  recomputations_.erase(it);
+  graph_tasks_.erase(it);
 }
+
+// ---- Frame: sessions --------------------------------------------------------------
+
+Frame::SessionEntry Frame::session_entry() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return session_;
+}
+
+bool Frame::attach(Session& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session_.session == &session) return false;
+  if (session_.session != nullptr) {
+    throw CheckpointError(cat("prefire: this checkpoint is registered to session ", session_.session->id,
+                              "; clear_session(", session_.session->id, ") before registering it to session ",
+                              session.id));
+  }
+  session_ = SessionEntry{&session, std::make_shared<Recomputation>(session.bytes)};
+  return true;
+}
+
+void Frame::detach(Session& session) noexcept {
+  SessionEntry dropped;  // released after the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session_.session != &session) return;
+  bound_.store(nullptr, std::memory_order_release);
+  dropped = std::move(session_);
+  session_ = SessionEntry{};
+}
+
+bool Frame::resident_in(Session& session) const {
+  SessionEntry entry = session_entry();
+  if (entry.session != &session) return false;
+  std::lock_guard<std::mutex> lock(entry.recomputation->mu);
+  return entry.recomputation->done;
+}
+
+bool Frame::prefire() {
+  std::shared_ptr<Recomputation> r = session_entry().recomputation;
+  TORCH_INTERNAL_ASSERT(r, "prefire of a frame registered to no session");
+  std::lock_guard<std::mutex> lock(r->mu);
+  if (r->done) return false;
+  recompute(*r, /*scheduled=*/true);
+  r->done = true;
+  return true;
+}
+
+// ---- Frame: recompute ---------------------------------------------------------------
 
 TensorList Frame::recompute_inputs() const {
   TensorList args;
@@ -284,15 +377,15 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
     std::lock_guard<std::mutex> lock(mu_);
     alive = alive_[index] != 0;
   }
-  if (alive) r.tensors[index] = tensor.detach();
+  if (alive) r.store(index, tensor.detach(), counted_[index] != 0);
   return options_.early_stop && index + 1 == num_slots_;
 }
 
-void Frame::recompute(Recomputation& r) {
-  r.tensors.assign(num_slots_, at::Tensor());
-  r.consumed.assign(num_slots_, 0);
+void Frame::recompute(Recomputation& r, bool scheduled) {
+  r.reset(num_slots_);
   RecomputeCapture capture(*this, r);
   try {
+    RecomputeDepthGuard depth(scheduled);
     TensorList args = recompute_inputs();
     StateRestoreGuard state(state_);  // See Note [Restoring state for recompute]
     c10::AutoGradMode grad_mode(true);
@@ -303,14 +396,13 @@ void Frame::recompute(Recomputation& r) {
     } catch (const StopRecompute&) {
     }
   } catch (...) {
-    r.tensors.clear();
-    r.consumed.clear();
+    r.reset(0);
     throw;
   }
+  count_recomputation();
   if (!capture.stopped() && capture.count() < num_slots_ &&
       options_.determinism_check != DeterminismCheck::kNone) {
-    r.tensors.clear();
-    r.consumed.clear();
+    r.reset(0);
     throw CheckpointError(cat(
         "prefire::checkpoint: the recomputation saved fewer tensors than forward did (forward saved ",
         num_slots_, ", recompute ", capture.count(),
@@ -318,21 +410,26 @@ void Frame::recompute(Recomputation& r) {
   }
 }
 
-at::Tensor Frame::take(Recomputation& r, size_t slot, const char* where) {
-  TORCH_INTERNAL_ASSERT(slot < r.tensors.size(), "slot ", slot, " out of range ", r.tensors.size());
-  if (r.consumed[slot]) {
+at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, const Session* session) {
+  TORCH_INTERNAL_ASSERT(slot < num_slots_, "slot ", slot, " out of range ", num_slots_);
+  if (r.consumed(slot)) {
+    if (session != nullptr) {
+      throw CheckpointError(cat(
+          "prefire: saved tensor ", slot, " of a checkpoint in session ", session->id,
+          " was unpacked again after an unpack released it (retain_on_unpack=false). Open the SessionScope of "
+          "every pass but the last with retain_on_unpack=true"));
+    }
     throw CheckpointError(cat(
-        "prefire::checkpoint: saved tensor ", slot, " of a checkpoint was unpacked a second time ", where,
-        "; a recomputed tensor is handed out once per backward. Read saved tensors once per backward "
+        "prefire::checkpoint: saved tensor ", slot, " of a checkpoint was unpacked a second time in this backward; "
+        "a recomputed tensor is handed out once per backward. Read saved tensors once per backward "
         "(e.g. keep the result of get_saved_variables() instead of calling it twice)"));
   }
-  at::Tensor t = std::move(r.tensors[slot]);
+  at::Tensor t = r.take(slot, retain);
   if (!t.defined()) {
     throw CheckpointError(cat(
         "prefire::checkpoint: saved tensor ", slot, " was not produced by the recomputation (it saved fewer "
         "tensors than forward, and determinism_check = none let that pass)"));
   }
-  r.consumed[slot] = 1;
   return t;
 }
 

@@ -6,8 +6,10 @@
 #include <prefire/checkpoint.h>
 
 #include "hook_stack.h"
+#include "recomputation.h"
 #include "state_capture.h"
 
+#include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <atomic>
@@ -15,9 +17,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace prefire::detail {
+
+class Session;
 
 /// What the determinism check compares per saved tensor.
 struct SlotMetadata {
@@ -31,15 +36,9 @@ struct SlotMetadata {
   std::string to_string() const;
 };
 
-/// Which recomputation an unpack is served from: the backward graph task
-/// running it. (A private key, for an unpack outside backward, is never
-/// stored.)
-struct RecomputeKey {
-  int64_t graph_task_id = -1;
-  bool operator==(const RecomputeKey& other) const { return graph_task_id == other.graph_task_id; }
-};
-
-struct Recomputation;
+/// Whether recomputation runs on this thread, and whether into a session.
+bool recomputing_on_this_thread();
+bool scheduled_recompute_on_this_thread();
 
 class Frame final : public HookContext, public std::enable_shared_from_this<Frame> {
  public:
@@ -51,28 +50,50 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
 
   // ---- forward: the thread running checkpoint(), frame on top of the stack ----
   std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override;
-  /// Freezes the slot count; saves after this are a bug.
+  /// Freezes the slot count.
   void finish_forward();
   /// Number of tensors autograd saved inside the forward run.
   size_t num_slots() const { return num_slots_; }
+  /// Bytes a recomputation of this frame holds; see Note [Counting recomputed bytes].
+  int64_t expected_bytes() const { return expected_bytes_; }
 
   // ---- backward: any thread ----
-  /// The recomputed tensor of `slot` for the current key; recomputes first if
-  /// this key has not yet.
+  /// The recomputed tensor of `slot`: from the bound session, else from this
+  /// graph task's recomputation, else (outside backward) from a private one.
   at::Tensor unpack(size_t slot);
   /// Autograd released the saved tensor of `slot`: never store it again.
   void release_slot(size_t slot) noexcept;
+
+  // ---- sessions (see Note [Session binding] in session.h) ----
+  /// Registers the frame to `session`. False when it already was; raises
+  /// CheckpointError when it is registered to another session.
+  bool attach(Session& session);
+  /// Unregisters from `session` and drops its recomputation (no-op otherwise).
+  void detach(Session& session) noexcept;
+  void bind(Session* session) noexcept { bound_.store(session, std::memory_order_release); }
+  void unbind() noexcept { bound_.store(nullptr, std::memory_order_release); }
+  /// Whether `session` holds a finished recomputation of this frame.
+  bool resident_in(Session& session) const;
+  /// Recomputes into the registered session now; false when already done.
+  bool prefire();
 
   /// Called from the recomputation's pack hook: checks and stores the tensor
   /// recompute saved as slot `index`. Returns whether recomputation may stop.
   bool store_recomputed(Recomputation& r, size_t index, const at::Tensor& tensor);
 
  private:
-  std::shared_ptr<Recomputation> recomputation_for(RecomputeKey key);
-  void drop(RecomputeKey key) noexcept;
-  void recompute(Recomputation& r);
+  struct SessionEntry {
+    Session* session = nullptr;
+    std::shared_ptr<Recomputation> recomputation;
+  };
+
+  at::Tensor unpack_from_session(Session& session, size_t slot);
+  std::shared_ptr<Recomputation> recomputation_for(int64_t graph_task);
+  void drop(int64_t graph_task) noexcept;
+  void recompute(Recomputation& r, bool scheduled);
   TensorList recompute_inputs() const;
-  at::Tensor take(Recomputation& r, size_t slot, const char* where);
+  at::Tensor take(Recomputation& r, size_t slot, bool retain, const Session* session);
+  SessionEntry session_entry() const;
 
   const CheckpointFn fn_;
   const CheckpointOptions options_;
@@ -81,13 +102,23 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   std::vector<c10::VariableVersion> input_versions_;  // counters of the inputs, to detect in-place changes
   std::vector<uint32_t> input_saved_versions_;
 
+  // Written by the forward thread before forward_done_, read-only after.
   std::atomic<bool> forward_done_{false};
-  size_t num_slots_ = 0;                // valid once forward_done_
-  std::vector<SlotMetadata> metadata_;  // by slot, written in forward only
+  size_t num_slots_ = 0;
+  std::vector<SlotMetadata> metadata_;  // by slot
+  std::vector<uint8_t> counted_;        // by slot: its storage counts as recomputed bytes
+  int64_t expected_bytes_ = 0;
+  // Forward only: storages that do not count (inputs) and storages counted,
+  // pinned so that their addresses stay unique until finish_forward().
+  std::unordered_set<const c10::StorageImpl*> forward_uncounted_, forward_counted_;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> forward_pins_;
 
-  mutable std::mutex mu_;                // guards alive_ and recomputations_
-  std::vector<uint8_t> alive_;           // by slot: autograd still holds it
-  std::vector<std::pair<RecomputeKey, std::shared_ptr<Recomputation>>> recomputations_;
+  std::atomic<Session*> bound_{nullptr};  // the hot path's one read; see Note [Session binding]
+
+  mutable std::mutex mu_;  // guards alive_, graph_tasks_, session_
+  std::vector<uint8_t> alive_;  // by slot: autograd still holds it
+  std::vector<std::pair<int64_t, std::shared_ptr<Recomputation>>> graph_tasks_;
+  SessionEntry session_;
 };
 
 }  // namespace prefire::detail

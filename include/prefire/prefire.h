@@ -6,3 +6,6 @@
 #include <prefire/errors.h>
 #include <prefire/install.h>
 #include <prefire/saved_tensor_meter.h>
+#include <prefire/schedule.h>
+#include <prefire/session.h>
+#include <prefire/stats.h>

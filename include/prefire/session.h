@@ -1,0 +1,87 @@
+#pragma once
+
+// Sessions: recomputations cached under a stable id, so that the separate
+// backward passes of one micro-batch (dx then dw, as zero-bubble pipeline
+// schedules run them) share one recomputation per checkpoint.
+//
+// A session holds the checkpoints registered to it (prefire::prefire or
+// prefire::attach, schedule.h). A SessionScope binds the session to those
+// checkpoints for its lifetime; an unpack of a bound checkpoint, on any thread,
+// is served from the session: recomputed there on first need (or earlier, by
+// prefire) and kept as `retain_on_unpack` says until clear_session(), or until
+// the checkpoint's graph is freed (nothing can unpack it then).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+namespace prefire {
+
+/// A session's id: a non-negative integer, stable across the passes of one
+/// micro-batch (its index is a natural choice). Negative ids are invalid.
+using SessionId = int64_t;
+
+struct SessionOptions {
+  /// false: a recomputed tensor is released on its first unpack (the last
+  /// pass that needs the session). true: kept until clear_session(), so a
+  /// later pass (the dw pass after the dx pass) finds it.
+  bool retain_on_unpack = false;
+};
+
+namespace detail {
+class Session;
+}
+
+/// Binds session `id` to every checkpoint registered to it, at construction
+/// and for checkpoints registered while the scope lives; unbinds them at
+/// destruction. The binding is a field of each checkpoint, so a backward on
+/// any thread (a std::thread, an autograd device thread) uses the session
+/// while the scope lives.
+///
+/// Raises CheckpointError when a SessionScope is already open on this thread
+/// (nested scopes) or when session `id` already has an open scope; raises
+/// std::invalid_argument for a negative id. While the scope is open on this
+/// thread, prefire::checkpoint() raises CheckpointError (nested scheduled
+/// recomputation is not supported).
+class SessionScope {
+ public:
+  explicit SessionScope(SessionId id, SessionOptions options = {});
+  ~SessionScope();
+  SessionScope(const SessionScope&) = delete;
+  SessionScope& operator=(const SessionScope&) = delete;
+
+  SessionId id() const;
+
+ private:
+  std::shared_ptr<detail::Session> session_;
+};
+
+/// Drops every recomputed tensor session `id` holds and unregisters its
+/// checkpoints; the id is then ready for the next iteration. Idempotent, safe
+/// after a partial or failed backward, a failed prefire or an unknown id.
+/// Budget and cumulative counters stay. Raises CheckpointError while a
+/// SessionScope of `id` is open, std::invalid_argument for a negative id.
+void clear_session(SessionId id);
+
+/// Caps the bytes session `id` may hold through prefire: a prefire whose
+/// checkpoint would take the session above `bytes` is refused and that
+/// checkpoint stays lazy (recomputed per backward graph task, not cached).
+/// std::nullopt removes the cap. `bytes` must be >= 0.
+void set_session_budget(SessionId id, std::optional<int64_t> bytes);
+
+struct SessionStats {
+  int64_t current_bytes = 0;     // bytes: storages of recomputed tensors the session holds now
+  int64_t peak_bytes = 0;        // bytes: largest current_bytes since the session was first used
+  int64_t prefires = 0;          // count: checkpoints recomputed by prefire()
+  int64_t lazy_recomputes = 0;   // count: checkpoints recomputed by their first unpack under a scope
+  int64_t hits = 0;              // count: unpacks served from a recomputation already held
+  int64_t refused_prefires = 0;  // count: prefire() calls refused by the budget
+  int64_t checkpoints = 0;       // count: checkpoints registered now
+  std::optional<int64_t> budget_bytes;  // bytes: the cap, if any
+};
+
+/// The counters of session `id` (all zero for an id never used). Counts are
+/// cumulative over clears; bytes are current.
+SessionStats session_stats(SessionId id);
+
+}  // namespace prefire

@@ -1,0 +1,20 @@
+#pragma once
+
+#include <cstdint>
+
+namespace prefire {
+
+/// Process-wide counters of prefire's recomputations, for programs and
+/// benchmarks that show what checkpointing costs.
+struct RuntimeStats {
+  int64_t recomputations = 0;         // count: recomputations of a checkpoint, any key, since start
+  int64_t recomputed_bytes = 0;       // bytes: storages prefire holds now for recomputed tensors
+  int64_t peak_recomputed_bytes = 0;  // bytes: largest recomputed_bytes since start or reset_runtime_peak()
+};
+
+/// A consistent snapshot; any thread.
+RuntimeStats runtime_stats();
+/// Starts a new peak window at the current value.
+void reset_runtime_peak();
+
+}  // namespace prefire

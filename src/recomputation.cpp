@@ -1,0 +1,122 @@
+// Note [Counting recomputed bytes]
+// A recomputation holds what autograd saved inside the checkpoint. Some of it
+// is not new memory: parameters the function captures (leaves that require
+// grad) and the checkpoint's own inputs are saved as aliases of tensors that
+// live anyway. Only the other storages count, once per storage however many
+// slots alias it, from the moment a slot is stored until the last slot using
+// the storage is handed out for good or dropped. The same rule, applied to
+// forward's saves, gives Frame::expected_bytes(), which a session budget
+// compares before a prefire.
+
+#include "recomputation.h"
+
+#include <prefire/stats.h>
+
+#include <algorithm>
+#include <atomic>
+
+namespace prefire::detail {
+
+void ByteGauge::add(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  current_ += bytes;
+  peak_ = std::max(peak_, current_);
+}
+
+void ByteGauge::sub(int64_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  current_ -= bytes;
+}
+
+int64_t ByteGauge::current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_;
+}
+
+int64_t ByteGauge::peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+void ByteGauge::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = current_;
+}
+
+namespace {
+std::atomic<int64_t> g_recomputations{0};
+}
+
+ByteGauge& global_recomputed_bytes() {
+  static ByteGauge gauge;
+  return gauge;
+}
+
+void count_recomputation() { g_recomputations.fetch_add(1, std::memory_order_relaxed); }
+
+Recomputation::~Recomputation() {
+  for (size_t slot = 0; slot < tensors_.size(); ++slot) release(slot);
+}
+
+void Recomputation::reset(size_t num_slots) {
+  for (size_t slot = 0; slot < tensors_.size(); ++slot) release(slot);
+  tensors_.assign(num_slots, at::Tensor());
+  consumed_.assign(num_slots, 0);
+  counted_.assign(num_slots, 0);
+}
+
+void Recomputation::store(size_t slot, at::Tensor tensor, bool counted) {
+  release(slot);
+  if (counted && tensor.has_storage()) {
+    const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+    if (storages_[storage]++ == 0) {
+      auto nbytes = static_cast<int64_t>(tensor.storage().nbytes());
+      bytes_ += nbytes;
+      global_recomputed_bytes().add(nbytes);
+      if (owner_) owner_->add(nbytes);
+    }
+    counted_[slot] = 1;
+  }
+  tensors_[slot] = std::move(tensor);
+}
+
+at::Tensor Recomputation::take(size_t slot, bool retain) {
+  if (retain) return tensors_.at(slot);
+  at::Tensor t = tensors_.at(slot);
+  release(slot);
+  consumed_[slot] = 1;
+  return t;
+}
+
+void Recomputation::release(size_t slot) noexcept {
+  at::Tensor& t = tensors_[slot];
+  if (!t.defined()) return;
+  if (counted_[slot]) {
+    auto it = storages_.find(t.storage().unsafeGetStorageImpl());
+    if (it != storages_.end() && --it->second == 0) {
+      auto nbytes = static_cast<int64_t>(t.storage().nbytes());
+      bytes_ -= nbytes;
+      global_recomputed_bytes().sub(nbytes);
+      if (owner_) owner_->sub(nbytes);
+      storages_.erase(it);
+    }
+    counted_[slot] = 0;
+  }
+  t.reset();
+}
+
+}  // namespace prefire::detail
+
+namespace prefire {
+
+RuntimeStats runtime_stats() {
+  RuntimeStats s;
+  s.recomputations = detail::g_recomputations.load(std::memory_order_relaxed);
+  s.recomputed_bytes = detail::global_recomputed_bytes().current();
+  s.peak_recomputed_bytes = detail::global_recomputed_bytes().peak();
+  return s;
+}
+
+void reset_runtime_peak() { detail::global_recomputed_bytes().reset_peak(); }
+
+}  // namespace prefire

@@ -1,0 +1,537 @@
+// Scheduling: handle collection, prefire, sessions shared between the dx (B)
+// and dw (W) passes of a split backward, lifetimes, budgets, misuse.
+//
+// Not covered here: CUDA streams and pools (cuda tests), the unpack cost with
+// many sessions (benchmarks/unpack_benchmark.cpp).
+
+#include "test_support.h"
+
+#include <thread>
+
+namespace prefire::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kDim = 16;
+
+int64_t recomputations() { return runtime_stats().recomputations; }
+
+/// A pipeline stage: `layers` blocks, each checkpointed (or not).
+struct Stage {
+  std::vector<Block> blocks;
+  explicit Stage(int layers, double dropout = 0.1) {
+    for (int i = 0; i < layers; ++i) blocks.emplace_back(kDim, dropout);
+  }
+  TensorList params() const {
+    TensorList all;
+    for (const auto& b : blocks) all = concat(all, b.params());
+    return all;
+  }
+  at::Tensor forward(at::Tensor x, bool checkpointed, CheckpointOptions options = {}) const {
+    for (const auto& b : blocks) x = checkpointed ? checkpoint(b.fn(), {x}, options)[0] : b.forward(x);
+    return x;
+  }
+};
+
+struct MicroBatch {
+  at::Tensor x, y, gy;
+};
+
+MicroBatch make_micro_batch(uint64_t seed) {
+  at::manual_seed(seed);
+  auto x = at::randn({2, 5, kDim}).requires_grad_(true);
+  return {x, at::Tensor(), at::randn({2, 5, kDim})};
+}
+
+TensorList b_pass(const MicroBatch& mb) { return torch::autograd::grad({mb.y}, {mb.x}, {mb.gy}, true); }
+TensorList w_pass(const MicroBatch& mb, const Stage& s) {
+  return torch::autograd::grad({mb.y}, s.params(), {mb.gy}, false, false, true);
+}
+
+/// dx and dw of the unchecked stage for `seed`'s micro-batch.
+std::pair<TensorList, TensorList> reference(const Stage& stage, uint64_t seed) {
+  auto mb = make_micro_batch(seed);
+  at::manual_seed(seed + 100);
+  mb.y = stage.forward(mb.x, false);
+  auto dx = b_pass(mb);
+  return {dx, w_pass(mb, stage)};
+}
+
+MicroBatch forward_collect(const Stage& stage, uint64_t seed, std::vector<CheckpointHandle>* handles,
+                           CheckpointOptions options = {}) {
+  auto mb = make_micro_batch(seed);
+  at::manual_seed(seed + 100);
+  HandleCollector collect;
+  mb.y = stage.forward(mb.x, true, options);
+  if (handles) *handles = collect.handles();
+  return mb;
+}
+
+// ---- the B/W split ----------------------------------------------------------------
+
+TEST(Schedule, SplitBackwardWithoutSessionRecomputesPerGraphTask) {
+  Stage stage(3);
+  auto [dx_ref, dw_ref] = reference(stage, 1);
+  auto mb = forward_collect(stage, 1, nullptr);
+  int64_t before = recomputations();
+  expect_all_equal(b_pass(mb), dx_ref);
+  expect_all_equal(w_pass(mb, stage), dw_ref);
+  EXPECT_EQ(recomputations() - before, 2 * 3) << "graph-task keys: one recomputation per pass per checkpoint";
+}
+
+TEST(Schedule, PrefireAndSessionRecomputeOnceAndMatchBitForBit) {
+  Stage stage(3);
+  auto [dx_ref, dw_ref] = reference(stage, 2);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 2, &handles);
+  ASSERT_EQ(handles.size(), 3u);
+  at::rand({100});  // other random work between forward and prefire
+  int64_t before = recomputations();
+  for (const auto& h : handles) EXPECT_EQ(prefire(h, 2), PrefireStatus::kRecomputed);
+  TensorList dx, dw;
+  {
+    SessionScope scope(2, {/*retain_on_unpack=*/true});
+    dx = b_pass(mb);
+  }
+  {
+    SessionScope scope(2, {/*retain_on_unpack=*/true});
+    dw = w_pass(mb, stage);
+  }
+  EXPECT_EQ(recomputations() - before, 3) << "one recomputation per checkpoint, shared by B and W";
+  expect_all_equal(dx, dx_ref);
+  expect_all_equal(dw, dw_ref);
+  auto stats = session_stats(2);
+  EXPECT_EQ(stats.prefires, 3);
+  EXPECT_EQ(stats.lazy_recomputes, 0);
+  EXPECT_GT(stats.hits, 0);
+  clear_session(2);
+  EXPECT_EQ(session_stats(2).current_bytes, 0);
+}
+
+TEST(Schedule, SessionScopeAloneRecomputesOnFirstUnpackAndReusesInSecondPass) {
+  Stage stage(2);
+  auto [dx_ref, dw_ref] = reference(stage, 3);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 3, &handles);
+  for (const auto& h : handles) EXPECT_TRUE(attach(h, 3));
+  int64_t before = recomputations();
+  TensorList dx, dw;
+  {
+    SessionScope scope(3, {true});
+    dx = b_pass(mb);
+  }
+  EXPECT_EQ(recomputations() - before, 2);
+  {
+    SessionScope scope(3, {false});  // the last pass releases what it unpacks
+    dw = w_pass(mb, stage);
+  }
+  EXPECT_EQ(recomputations() - before, 2);
+  EXPECT_EQ(session_stats(3).lazy_recomputes, 2);
+  expect_all_equal(dx, dx_ref);
+  expect_all_equal(dw, dw_ref);
+  clear_session(3);
+}
+
+TEST(Schedule, WPassOnAnotherThreadUsesTheSession) {
+  Stage stage(2);
+  auto [dx_ref, dw_ref] = reference(stage, 4);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 4, &handles);
+  for (const auto& h : handles) prefire(h, 4);
+  int64_t before = recomputations();
+  TensorList dx, dw;
+  {
+    SessionScope scope(4, {true});
+    dx = b_pass(mb);
+    std::thread worker([&] { dw = w_pass(mb, stage); });  // sees none of this thread's thread-locals
+    worker.join();
+  }
+  EXPECT_EQ(recomputations() - before, 0);
+  expect_all_equal(dx, dx_ref);
+  expect_all_equal(dw, dw_ref);
+  clear_session(4);
+}
+
+TEST(Schedule, InterleavedMicroBatchesStayIsolated) {
+  // F0 F1 B0 B1 W0 W1, sessions 10 and 11.
+  Stage stage(2);
+  auto ref0 = reference(stage, 10), ref1 = reference(stage, 11);
+  std::vector<CheckpointHandle> h0, h1;
+  auto mb0 = forward_collect(stage, 10, &h0);
+  auto mb1 = forward_collect(stage, 11, &h1);
+  for (const auto& h : h0) prefire(h, 10);
+  for (const auto& h : h1) prefire(h, 11);
+  TensorList dx0, dx1, dw0, dw1;
+  { SessionScope s(10, {true}); dx0 = b_pass(mb0); }
+  { SessionScope s(11, {true}); dx1 = b_pass(mb1); }
+  EXPECT_EQ(session_stats(10).checkpoints, 2);
+  EXPECT_EQ(session_stats(11).checkpoints, 2);
+  { SessionScope s(10, {false}); dw0 = w_pass(mb0, stage); }
+  { SessionScope s(11, {false}); dw1 = w_pass(mb1, stage); }
+  expect_all_equal(dx0, ref0.first);
+  expect_all_equal(dw0, ref0.second);
+  expect_all_equal(dx1, ref1.first);
+  expect_all_equal(dw1, ref1.second);
+  EXPECT_EQ(session_stats(10).checkpoints, 0) << "the W pass freed the graph, and its checkpoints with it";
+  clear_session(10);
+  clear_session(11);
+}
+
+TEST(Schedule, SameIdReusedOnNextIterationAfterClear) {
+  Stage stage(2);
+  for (uint64_t iteration = 0; iteration < 3; ++iteration) {
+    auto ref = reference(stage, 20 + iteration);
+    std::vector<CheckpointHandle> handles;
+    auto mb = forward_collect(stage, 20 + iteration, &handles);
+    for (const auto& h : handles) EXPECT_EQ(prefire(h, 20), PrefireStatus::kRecomputed);
+    TensorList dx, dw;
+    { SessionScope s(20, {true}); dx = b_pass(mb); }
+    { SessionScope s(20, {true}); dw = w_pass(mb, stage); }
+    expect_all_equal(dx, ref.first);
+    expect_all_equal(dw, ref.second);
+    clear_session(20);
+    EXPECT_EQ(session_stats(20).current_bytes, 0);
+    EXPECT_EQ(session_stats(20).checkpoints, 0);
+  }
+  EXPECT_EQ(session_stats(20).prefires, 6);
+}
+
+// ---- lifetimes ---------------------------------------------------------------------
+
+TEST(Schedule, RetainFalseReleasesEachTensorAtItsFirstUnpack) {
+  Stage stage(2, 0.0);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 30, &handles);
+  for (const auto& h : handles) prefire(h, 30);
+  int64_t held = session_stats(30).current_bytes;
+  EXPECT_GT(held, 0);
+  { SessionScope s(30, {false}); torch::autograd::grad({mb.y}, concat({mb.x}, stage.params()), {mb.gy}); }
+  EXPECT_EQ(session_stats(30).current_bytes, 0) << "retain_on_unpack=false kept tensors after their unpack";
+  EXPECT_EQ(session_stats(30).peak_bytes, held);
+  clear_session(30);
+}
+
+TEST(Schedule, RetainTrueKeepsTensorsUntilClearAndClearIsIdempotent) {
+  Stage stage(2, 0.0);
+  auto ref = reference(stage, 31);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 31, &handles);
+  for (const auto& h : handles) prefire(h, 31);
+  int64_t held = session_stats(31).current_bytes;
+  { SessionScope s(31, {true}); b_pass(mb); }
+  EXPECT_EQ(session_stats(31).current_bytes, held);
+  EXPECT_EQ(runtime_stats().recomputed_bytes, held);
+  clear_session(31);
+  EXPECT_EQ(session_stats(31).current_bytes, 0);
+  EXPECT_EQ(runtime_stats().recomputed_bytes, 0);
+  clear_session(31);
+  clear_session(12345);  // never used
+  expect_all_equal(w_pass(mb, stage), ref.second);  // without the session: lazy, still right
+}
+
+TEST(Schedule, SessionReleasesTensorsOfAFreedGraphWithoutClear) {
+  Stage stage(2, 0.0);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 38, &handles);
+  for (const auto& h : handles) prefire(h, 38);
+  { SessionScope s(38, {true}); b_pass(mb); }
+  { SessionScope s(38, {true}); w_pass(mb, stage); }  // frees the graph
+  EXPECT_TRUE(handles[0].expired());
+  EXPECT_EQ(session_stats(38).current_bytes, 0) << "tensors nobody can unpack any more are still held";
+  clear_session(38);
+}
+
+TEST(Schedule, SecondUnpackAfterReleasingUnpackRaises) {
+  Stage stage(1, 0.0);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 32, &handles);
+  prefire(handles[0], 32);
+  { SessionScope s(32, {false}); b_pass(mb); }
+  try {
+    SessionScope s(32, {false});
+    w_pass(mb, stage);
+    FAIL() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("retain_on_unpack=true"));
+  }
+  clear_session(32);
+}
+
+TEST(Schedule, ClearAfterPartialBackwardAndIdReusable) {
+  Stage stage(2, 0.0);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 33, &handles);
+  for (const auto& h : handles) prefire(h, 33);
+  { SessionScope s(33, {true}); b_pass(mb); }  // W never runs
+  clear_session(33);
+  EXPECT_EQ(session_stats(33).current_bytes, 0);
+  // The graph still exists: without the session, W recomputes lazily and is right.
+  auto ref = reference(stage, 33);
+  expect_all_equal(w_pass(mb, stage), ref.second);
+  auto mb2 = forward_collect(stage, 34, &handles);
+  for (const auto& h : handles) EXPECT_EQ(prefire(h, 33), PrefireStatus::kRecomputed);
+  clear_session(33);
+}
+
+TEST(Schedule, ClearAfterExceptionInRecomputeAndAfterFailedPrefire) {
+  int runs = 0;
+  auto x = at::randn({4, 8}).requires_grad_(true);
+  CheckpointFn flaky = [&](const TensorList& in) {
+    if (runs++ == 1) throw std::runtime_error("boom in recompute");
+    return TensorList{in[0].sin().cos()};
+  };
+  std::vector<CheckpointHandle> handles;
+  at::Tensor y;
+  {
+    HandleCollector collect;
+    y = checkpoint(flaky, {x})[0];
+    handles = collect.handles();
+  }
+  EXPECT_THROW(prefire(handles[0], 35), std::runtime_error);  // failed prefire
+  EXPECT_EQ(session_stats(35).current_bytes, 0);
+  clear_session(35);
+  // Registered again, lazily: the recompute now succeeds inside the scope.
+  EXPECT_TRUE(attach(handles[0], 35));
+  TensorList g;
+  { SessionScope s(35, {false}); g = grads(y, {x}); }
+  expect_all_equal(g, grads(x.sin().cos(), {x}));
+  clear_session(35);
+
+  // An exception inside a session recompute during backward.
+  runs = 0;
+  {
+    HandleCollector collect;
+    y = checkpoint(flaky, {x})[0];
+    handles = collect.handles();
+  }
+  attach(handles[0], 36);
+  {
+    SessionScope s(36, {true});
+    EXPECT_THROW(grads(y, {x}), std::runtime_error);
+  }
+  clear_session(36);
+  EXPECT_EQ(session_stats(36).current_bytes, 0);
+  prefire(handles[0], 36);  // reusable: the third run succeeds
+  { SessionScope s(36, {false}); g = grads(y, {x}); }
+  expect_all_equal(g, grads(x.sin().cos(), {x}));
+  clear_session(36);
+}
+
+class ScheduleEarlyStop : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ScheduleEarlyStop, PrefireMatchesReferenceWithEarlyStop) {
+  CheckpointOptions options;
+  options.early_stop = GetParam();
+  Stage stage(2);
+  auto ref = reference(stage, 37);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 37, &handles, options);
+  for (const auto& h : handles) prefire(h, 37);
+  TensorList dx, dw;
+  { SessionScope s(37, {true}); dx = b_pass(mb); }
+  { SessionScope s(37, {false}); dw = w_pass(mb, stage); }
+  expect_all_equal(dx, ref.first);
+  expect_all_equal(dw, ref.second);
+  clear_session(37);
+}
+
+INSTANTIATE_TEST_SUITE_P(EarlyStop, ScheduleEarlyStop, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "On" : "Off"; });
+
+// ---- prefire -----------------------------------------------------------------------
+
+TEST(Schedule, PrefireIsNoOpWhenAlreadyResident) {
+  Stage stage(1);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 40, &handles);
+  int64_t before = recomputations();
+  EXPECT_EQ(prefire(handles[0], 40), PrefireStatus::kRecomputed);
+  EXPECT_EQ(prefire(handles[0], 40), PrefireStatus::kAlreadyResident);
+  EXPECT_EQ(recomputations() - before, 1);
+  EXPECT_EQ(session_stats(40).prefires, 1);
+  clear_session(40);
+}
+
+TEST(Schedule, PrefireOfExpiredHandleReportsExpiry) {
+  std::vector<CheckpointHandle> handles;
+  {
+    Stage stage(1);
+    auto mb = forward_collect(stage, 41, &handles);
+    EXPECT_FALSE(handles[0].expired());
+  }  // graph freed
+  ASSERT_EQ(handles.size(), 1u);
+  EXPECT_TRUE(handles[0].expired());
+  EXPECT_EQ(prefire(handles[0], 41), PrefireStatus::kExpired);
+  EXPECT_FALSE(attach(handles[0], 41));
+}
+
+TEST(Schedule, CheckpointRegisteredToAnotherSessionRaises) {
+  Stage stage(1);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 42, &handles);
+  prefire(handles[0], 42);
+  try {
+    prefire(handles[0], 43);
+    FAIL() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("registered to session 42"));
+  }
+  clear_session(42);
+  EXPECT_EQ(prefire(handles[0], 43), PrefireStatus::kRecomputed);
+  clear_session(43);
+}
+
+TEST(Schedule, HandleCollectorsNestAndInnermostWins) {
+  auto x = at::randn({3}).requires_grad_(true);
+  CheckpointFn fn = [](const TensorList& in) { return TensorList{in[0].sin()}; };
+  HandleCollector outer;
+  auto a = checkpoint(fn, {x});
+  {
+    HandleCollector inner;
+    auto b = checkpoint(fn, {x});
+    auto c = checkpoint(fn, {x});
+    EXPECT_EQ(inner.handles().size(), 2u);
+  }
+  auto d = checkpoint(fn, {x});
+  EXPECT_EQ(outer.handles().size(), 2u);
+  EXPECT_TRUE(outer.handles()[0].valid());
+}
+
+// ---- budget --------------------------------------------------------------------------
+
+TEST(Schedule, BudgetRefusesPrefireAndFrameStaysLazyWithCorrectGradients) {
+  Stage stage(3, 0.1);
+  auto ref = reference(stage, 50);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 50, &handles);
+  // Measure one checkpoint's bytes, then allow two of three.
+  prefire(handles[0], 51);
+  int64_t one = session_stats(51).current_bytes;
+  clear_session(51);
+  ASSERT_GT(one, 0);
+  set_session_budget(50, 2 * one);
+  EXPECT_EQ(prefire(handles[0], 50), PrefireStatus::kRecomputed);
+  EXPECT_EQ(prefire(handles[1], 50), PrefireStatus::kRecomputed);
+  EXPECT_EQ(prefire(handles[2], 50), PrefireStatus::kRefusedOverBudget);
+  int64_t before = recomputations();
+  TensorList dx, dw;
+  { SessionScope s(50, {true}); dx = b_pass(mb); }
+  auto stats = session_stats(50);  // read while the graph lives
+  { SessionScope s(50, {true}); dw = w_pass(mb, stage); }
+  EXPECT_EQ(recomputations() - before, 2) << "the refused checkpoint recomputes once per pass";
+  expect_all_equal(dx, ref.first);
+  expect_all_equal(dw, ref.second);
+  EXPECT_EQ(stats.current_bytes, 2 * one);
+  EXPECT_EQ(stats.peak_bytes, 2 * one);
+  EXPECT_EQ(stats.prefires, 2);
+  EXPECT_EQ(stats.refused_prefires, 1);
+  EXPECT_EQ(stats.lazy_recomputes, 0);
+  EXPECT_GT(stats.hits, 0);
+  EXPECT_EQ(stats.checkpoints, 2);
+  EXPECT_EQ(stats.budget_bytes, 2 * one);
+  clear_session(50);
+  set_session_budget(50, std::nullopt);
+}
+
+TEST(Schedule, UnpackOutsideBackwardInsideSessionUsesTheSession) {
+  struct Cube : torch::autograd::Function<Cube> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x) {
+      ctx->save_for_backward({x});
+      return x * x * x;
+    }
+    static TensorList backward(torch::autograd::AutogradContext* ctx, TensorList g) {
+      auto x = ctx->get_saved_variables()[0];
+      return {3 * x * x * g[0]};
+    }
+  };
+  auto x = at::randn({5}).requires_grad_(true);
+  std::vector<CheckpointHandle> handles;
+  at::Tensor y;
+  {
+    HandleCollector collect;
+    y = checkpoint([](const TensorList& in) { return TensorList{Cube::apply(in[0].sin())}; }, {x})[0];
+    handles = collect.handles();
+  }
+  prefire(handles[0], 52);
+  int64_t before = recomputations();
+  auto* node = dynamic_cast<torch::autograd::CppNode<Cube>*>(y.grad_fn().get());
+  ASSERT_NE(node, nullptr);
+  SessionScope s(52, {true});
+  auto saved = node->ctx_.get_saved_variables();
+  EXPECT_TRUE(at::equal(saved[0], x.sin()));
+  EXPECT_EQ(recomputations() - before, 0);
+  EXPECT_EQ(session_stats(52).hits, 1);
+}
+
+// ---- misuse --------------------------------------------------------------------------
+
+TEST(Schedule, CheckpointInsideSessionScopeRaises) {
+  auto x = at::randn({3}).requires_grad_(true);
+  SessionScope s(60);
+  try {
+    checkpoint([](const TensorList& in) { return TensorList{in[0].sin()}; }, {x});
+    FAIL() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("nested checkpoint under scheduled recomputation"));
+  }
+}
+
+TEST(Schedule, NestedCheckpointInsidePrefiredCheckpointRaises) {
+  auto x = at::randn({3}).requires_grad_(true);
+  CheckpointFn inner = [](const TensorList& in) { return TensorList{in[0].sin()}; };
+  CheckpointFn outer = [&](const TensorList& in) { return TensorList{checkpoint(inner, {in[0].cos()})[0].exp()}; };
+  std::vector<CheckpointHandle> handles;
+  at::Tensor y;
+  {
+    HandleCollector collect;
+    y = checkpoint(outer, {x})[0];  // ordinary nesting: fine
+    handles = collect.handles();
+  }
+  ASSERT_EQ(handles.size(), 2u);  // inner first (it finishes first), then outer
+  EXPECT_THROW(prefire(handles[1], 61), CheckpointError);
+  clear_session(61);
+  expect_all_equal(grads(y, {x}), grads(x.cos().sin().exp(), {x}));  // graph-task keyed nesting still works
+}
+
+TEST(Schedule, NestedSessionScopesRaise) {
+  SessionScope a(62);
+  EXPECT_THROW(SessionScope b(63), CheckpointError);
+  EXPECT_THROW(SessionScope c(62), CheckpointError);
+}
+
+TEST(Schedule, SecondScopeOfTheSameSessionOnAnotherThreadRaises) {
+  SessionScope a(64);
+  bool raised = false;
+  std::thread other([&] {
+    try {
+      SessionScope b(64);
+    } catch (const CheckpointError&) {
+      raised = true;
+    }
+  });
+  other.join();
+  EXPECT_TRUE(raised);
+  EXPECT_THROW(clear_session(64), CheckpointError);  // while its scope is open
+}
+
+TEST(Schedule, InvalidArgumentsRaise) {
+  CheckpointHandle nowhere;
+  EXPECT_FALSE(nowhere.valid());
+  EXPECT_THROW(prefire(nowhere, 1), std::invalid_argument);
+  EXPECT_THROW(attach(nowhere, 1), std::invalid_argument);
+  std::vector<CheckpointHandle> handles;
+  Stage stage(1);
+  auto mb = forward_collect(stage, 70, &handles);
+  EXPECT_THROW(prefire(handles[0], -1), std::invalid_argument);
+  EXPECT_THROW(attach(handles[0], -5), std::invalid_argument);
+  EXPECT_THROW(SessionScope s(-1), std::invalid_argument);
+  EXPECT_THROW(clear_session(-1), std::invalid_argument);
+  EXPECT_THROW(session_stats(-1), std::invalid_argument);
+  EXPECT_THROW(set_session_budget(-1, 10), std::invalid_argument);
+  EXPECT_THROW(set_session_budget(70, -10), std::invalid_argument);
+  EXPECT_STREQ(to_string(PrefireStatus::kRefusedOverBudget), "refused over budget");
+}
+
+}  // namespace
+}  // namespace prefire::testing
