@@ -2,6 +2,7 @@
 #include <prefire/errors.h>
 #include <prefire/install.h>
 
+#include "../profiling/nvtx.h"
 #include "frame.h"
 #include "hook_stack.h"
 #include "schedule_internal.h"
@@ -16,7 +17,9 @@ namespace prefire {
 DeterminismCheck parse_determinism_check(const std::string& name) {
   if (name == "none") return DeterminismCheck::kNone;
   if (name == "metadata") return DeterminismCheck::kMetadata;
-  throw std::invalid_argument("prefire: determinism_check must be \"none\" or \"metadata\", got \"" + name + "\"");
+  if (name == "checksum") return DeterminismCheck::kChecksum;
+  throw std::invalid_argument("prefire: determinism_check must be \"none\", \"metadata\" or \"checksum\", got \"" +
+                              name + "\"");
 }
 
 const char* to_string(DeterminismCheck check) {
@@ -25,6 +28,8 @@ const char* to_string(DeterminismCheck check) {
       return "none";
     case DeterminismCheck::kMetadata:
       return "metadata";
+    case DeterminismCheck::kChecksum:
+      return "checksum";
   }
   return "invalid";
 }
@@ -36,11 +41,12 @@ void validate(const CheckpointFn& fn, const CheckpointOptions& options) {
   switch (options.determinism_check) {
     case DeterminismCheck::kNone:
     case DeterminismCheck::kMetadata:
+    case DeterminismCheck::kChecksum:
       break;
     default:
       throw std::invalid_argument("prefire::checkpoint: options.determinism_check has the invalid value " +
                                   std::to_string(static_cast<int>(options.determinism_check)) +
-                                  "; use DeterminismCheck::kNone or kMetadata");
+                                  "; use DeterminismCheck::kNone, kMetadata or kChecksum");
   }
   if (!is_installed()) {
     throw CheckpointError(
@@ -62,6 +68,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const Ch
         "do not nest. Run this forward outside the SessionScope, or checkpoint at one level only");
   }
 
+  PREFIRE_NVTX_RANGE("prefire::checkpoint", -1);
   auto frame = std::make_shared<detail::Frame>(fn, inputs, options);
   TensorList outputs;
   {

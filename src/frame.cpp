@@ -18,6 +18,9 @@
 
 #include <prefire/errors.h>
 
+#include "../profiling/nvtx.h"
+#include "checksum.h"
+#include "cuda/prefire_stream.h"
 #include "engine.h"
 #include "session.h"
 
@@ -155,6 +158,7 @@ Frame::Frame(CheckpointFn fn, const TensorList& inputs, const CheckpointOptions&
   input_saved_versions_.reserve(inputs.size());
   for (const auto& input : inputs) {
     saved_inputs_.emplace_back(input, /*is_output=*/false);
+    if (input.defined() && input.is_cuda() && !prefire_device_) prefire_device_ = input.device();
     if (input.defined()) {
       input_versions_.push_back(torch::autograd::impl::version_counter(input));
       input_saved_versions_.push_back(input._version());
@@ -174,6 +178,7 @@ Frame::~Frame() = default;
 std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
   TORCH_INTERNAL_ASSERT(!forward_done_.load(std::memory_order_relaxed), "pack into a finished frame");
   metadata_.push_back(SlotMetadata::of(tensor));
+  if (options_.determinism_check == DeterminismCheck::kChecksum) metadata_.back().checksum = tensor_checksum(tensor);
   // See Note [Counting recomputed bytes]: parameters and inputs are aliases.
   bool counted = tensor.has_storage() && !(tensor.is_leaf() && tensor.requires_grad()) &&
                  forward_uncounted_.count(tensor.storage().unsafeGetStorageImpl()) == 0;
@@ -218,13 +223,13 @@ at::Tensor Frame::unpack(size_t slot) {
   if (graph_task < 0) {
     // Outside backward: a private key, recomputed for this unpack alone.
     Recomputation r;
-    recompute(r, /*scheduled=*/false);
+    recompute(r, /*session=*/-1, nullptr);
     return take(r, slot, /*retain=*/false, nullptr);
   }
   std::shared_ptr<Recomputation> r = recomputation_for(graph_task);
   std::lock_guard<std::mutex> lock(r->mu);
   if (!r->done) {
-    recompute(*r, /*scheduled=*/false);
+    recompute(*r, /*session=*/-1, nullptr);
     r->done = true;
   }
   return take(*r, slot, /*retain=*/false, nullptr);
@@ -235,7 +240,7 @@ at::Tensor Frame::unpack_from_session(Session& session, size_t slot) {
   TORCH_INTERNAL_ASSERT(r, "a frame bound to session ", session.id, " has no recomputation for it");
   std::lock_guard<std::mutex> lock(r->mu);
   if (!r->done) {
-    recompute(*r, /*scheduled=*/true);
+    recompute(*r, session.id, nullptr);
     r->done = true;
     session.lazy_recomputes.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -313,11 +318,15 @@ bool Frame::resident_in(Session& session) const {
 }
 
 bool Frame::prefire() {
-  std::shared_ptr<Recomputation> r = session_entry().recomputation;
+  SessionEntry entry = session_entry();
+  std::shared_ptr<Recomputation> r = entry.recomputation;
   TORCH_INTERNAL_ASSERT(r, "prefire of a frame registered to no session");
   std::lock_guard<std::mutex> lock(r->mu);
   if (r->done) return false;
-  recompute(*r, /*scheduled=*/true);
+  PrefireRun run(prefire_device_);  // See Note [Stream ordering of prefire]
+  if (run.on_device()) r->count_pool_bytes_in(entry.session->pool_bytes);
+  recompute(*r, entry.session->id, &run);
+  r->ready = run.finish();
   r->done = true;
   return true;
 }
@@ -371,6 +380,18 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
           ". The checkpointed function is not deterministic in its shapes, dtypes or devices; make it so, "
           "or pass determinism_check = none to skip this check"));
     }
+    if (metadata_[index].checksum) {
+      uint64_t recomputed_sum = tensor_checksum(tensor);
+      if (recomputed_sum != *metadata_[index].checksum) {
+        throw CheckpointError(cat(
+            "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", num_slots_,
+            ") has other values in the recomputation than in forward: checksum 0x", std::hex,
+            *metadata_[index].checksum, " at forward, 0x", recomputed_sum, std::dec, " at recompute, ",
+            metadata_[index].to_string(),
+            ". The function draws random numbers without preserve_rng_state, reads state that changed since "
+            "forward, or is not deterministic"));
+      }
+    }
   }
   bool alive;
   {
@@ -381,12 +402,16 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
   return options_.early_stop && index + 1 == num_slots_;
 }
 
-void Frame::recompute(Recomputation& r, bool scheduled) {
+void Frame::recompute(Recomputation& r, int64_t session, PrefireRun* run) {
+  PREFIRE_NVTX_RANGE(run != nullptr ? "prefire::recompute(prefire)" : "prefire::recompute(lazy)", session);
   r.reset(num_slots_);
   RecomputeCapture capture(*this, r);
   try {
-    RecomputeDepthGuard depth(scheduled);
+    RecomputeDepthGuard depth(/*scheduled=*/session >= 0);
     TensorList args = recompute_inputs();
+    if (run != nullptr) {
+      for (const auto& arg : args) run->use(arg);
+    }
     StateRestoreGuard state(state_);  // See Note [Restoring state for recompute]
     c10::AutoGradMode grad_mode(true);
     ContextGuard user = options_.context_fn.recompute ? options_.context_fn.recompute() : nullptr;
@@ -430,6 +455,7 @@ at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, const Session
         "prefire::checkpoint: saved tensor ", slot, " was not produced by the recomputation (it saved fewer "
         "tensors than forward, and determinism_check = none let that pass)"));
   }
+  if (r.ready) r.ready->hand_over(t);  // See Note [Stream ordering of prefire]
   return t;
 }
 

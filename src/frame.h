@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <atomic>
+#include <optional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -23,12 +24,14 @@
 namespace prefire::detail {
 
 class Session;
+class PrefireRun;
 
 /// What the determinism check compares per saved tensor.
 struct SlotMetadata {
   std::vector<int64_t> sizes;
   at::ScalarType dtype = at::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
+  std::optional<uint64_t> checksum;  // determinism_check = checksum only; not part of ==
 
   static SlotMetadata of(const at::Tensor& t);
   bool operator==(const SlotMetadata& other) const;
@@ -90,7 +93,8 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   at::Tensor unpack_from_session(Session& session, size_t slot);
   std::shared_ptr<Recomputation> recomputation_for(int64_t graph_task);
   void drop(int64_t graph_task) noexcept;
-  void recompute(Recomputation& r, bool scheduled);
+  /// `session`: the session recomputed into, or -1. `run`: set for a prefire.
+  void recompute(Recomputation& r, int64_t session, PrefireRun* run);
   TensorList recompute_inputs() const;
   at::Tensor take(Recomputation& r, size_t slot, bool retain, const Session* session);
   SessionEntry session_entry() const;
@@ -98,6 +102,7 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   const CheckpointFn fn_;
   const CheckpointOptions options_;
   const CapturedState state_;
+  std::optional<c10::Device> prefire_device_;  // the first CUDA input's; see Note [Stream ordering of prefire]
   std::vector<torch::autograd::SavedVariable> saved_inputs_;
   std::vector<c10::VariableVersion> input_versions_;  // counters of the inputs, to detect in-place changes
   std::vector<uint32_t> input_saved_versions_;

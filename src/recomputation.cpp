@@ -74,6 +74,7 @@ void Recomputation::store(size_t slot, at::Tensor tensor, bool counted) {
       bytes_ += nbytes;
       global_recomputed_bytes().add(nbytes);
       if (owner_) owner_->add(nbytes);
+      if (pool_owner_) pool_owner_->add(nbytes);
     }
     counted_[slot] = 1;
   }
@@ -98,6 +99,7 @@ void Recomputation::release(size_t slot) noexcept {
       bytes_ -= nbytes;
       global_recomputed_bytes().sub(nbytes);
       if (owner_) owner_->sub(nbytes);
+      if (pool_owner_) pool_owner_->sub(nbytes);
       storages_.erase(it);
     }
     counted_[slot] = 0;

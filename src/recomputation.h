@@ -34,6 +34,8 @@ ByteGauge& global_recomputed_bytes();
 /// Counts one recomputation in RuntimeStats.
 void count_recomputation();
 
+class ReadyEvent;
+
 class Recomputation {
  public:
   /// `owner` (a session's gauge) sees the same byte changes as the global one.
@@ -45,6 +47,12 @@ class Recomputation {
   /// The first unpacker recomputes under it; the others wait for the result.
   std::mutex mu;
   bool done = false;  // guarded by mu
+  /// Set when a prefire ran on a device's prefire stream: unpacks wait on it.
+  std::shared_ptr<ReadyEvent> ready;  // guarded by mu
+
+  /// Bytes count in `pool_gauge` too (a session's pool bytes, for a prefire
+  /// whose allocations go to the session buffer pool). Before any store.
+  void count_pool_bytes_in(std::shared_ptr<ByteGauge> pool_gauge) { pool_owner_ = std::move(pool_gauge); }
 
   /// Drops everything and makes room for `num_slots` tensors.
   void reset(size_t num_slots);
@@ -66,6 +74,7 @@ class Recomputation {
   std::unordered_map<const c10::StorageImpl*, int> storages_;  // counted storages -> slots holding them
   int64_t bytes_ = 0;  // bytes of counted storages held
   std::shared_ptr<ByteGauge> owner_;
+  std::shared_ptr<ByteGauge> pool_owner_;  // set before anything is stored, never changed
 };
 
 }  // namespace prefire::detail

@@ -1,6 +1,7 @@
 #include <prefire/errors.h>
 #include <prefire/schedule.h>
 
+#include "../profiling/nvtx.h"
 #include "frame.h"
 #include "schedule_internal.h"
 #include "session.h"
@@ -70,6 +71,7 @@ bool attach(const CheckpointHandle& handle, SessionId id) {
 }
 
 PrefireStatus prefire(const CheckpointHandle& handle, SessionId id) {
+  PREFIRE_NVTX_RANGE("prefire::prefire", id);
   detail::check_session_id(id, "prefire");
   auto frame = detail::HandleAccess::frame(handle, "prefire");
   if (!frame) return PrefireStatus::kExpired;

@@ -2,6 +2,7 @@
 
 #include <prefire/errors.h>
 
+#include "../profiling/nvtx.h"
 #include "frame.h"
 
 #include <stdexcept>
@@ -59,6 +60,7 @@ bool session_scope_open_on_this_thread() { return tls_open_scope != nullptr; }
 }  // namespace detail
 
 SessionScope::SessionScope(SessionId id, SessionOptions options) {
+  PREFIRE_NVTX_RANGE("prefire::SessionScope(open)", id);
   detail::check_session_id(id, "SessionScope");
   if (detail::tls_open_scope != nullptr) {
     throw CheckpointError("prefire::SessionScope: nested session scopes: session " +
@@ -84,6 +86,7 @@ SessionScope::SessionScope(SessionId id, SessionOptions options) {
 }
 
 SessionScope::~SessionScope() {
+  PREFIRE_NVTX_RANGE("prefire::SessionScope(close)", session_->id);
   std::lock_guard<std::mutex> lock(session_->mu);
   for (const auto& weak : session_->frames) {
     if (auto frame = weak.lock()) frame->unbind();
@@ -95,6 +98,7 @@ SessionScope::~SessionScope() {
 SessionId SessionScope::id() const { return session_->id; }
 
 void clear_session(SessionId id) {
+  PREFIRE_NVTX_RANGE("prefire::clear_session", id);
   detail::check_session_id(id, "clear_session");
   auto session = detail::find_session(id);
   if (!session) return;
@@ -131,6 +135,7 @@ SessionStats session_stats(SessionId id) {
   std::lock_guard<std::mutex> lock(session->mu);
   stats.current_bytes = session->bytes->current();
   stats.peak_bytes = session->bytes->peak();
+  stats.pool_bytes = session->pool_bytes->current();
   stats.prefires = session->prefires.load();
   stats.lazy_recomputes = session->lazy_recomputes.load();
   stats.hits = session->hits.load();

@@ -38,6 +38,7 @@ class Session {
 
   std::atomic<bool> retain_on_unpack{false};  // of the open scope; read by unpacks
   const std::shared_ptr<ByteGauge> bytes = std::make_shared<ByteGauge>();
+  const std::shared_ptr<ByteGauge> pool_bytes = std::make_shared<ByteGauge>();  // part of `bytes` in the buffer pool
   std::atomic<int64_t> prefires{0};
   std::atomic<int64_t> lazy_recomputes{0};
   std::atomic<int64_t> hits{0};

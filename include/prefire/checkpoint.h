@@ -25,11 +25,16 @@ using CheckpointFn = std::function<TensorList(const TensorList&)>;
 enum class DeterminismCheck {
   kNone,      ///< no check: the recomputed tensors are trusted as they are
   kMetadata,  ///< count, shape, dtype and device of every saved tensor
+  /// metadata plus a checksum of each saved tensor's bytes, taken at forward
+  /// and at recompute (a CUB kernel on CUDA, waiting for its result; a loop on
+  /// CPU). Catches values that differ, e.g. dropout without preserved RNG. A
+  /// debugging mode: it costs a pass over every saved tensor, twice.
+  kChecksum,
 };
 
-/// Parses "none" or "metadata"; throws std::invalid_argument otherwise.
+/// Parses "none", "metadata" or "checksum"; throws std::invalid_argument otherwise.
 DeterminismCheck parse_determinism_check(const std::string& name);
-/// "none" or "metadata".
+/// "none", "metadata" or "checksum".
 const char* to_string(DeterminismCheck check);
 
 /// Something a user context hook returns: it is held for the duration of the

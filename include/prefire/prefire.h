@@ -3,6 +3,7 @@
 // Everything a training job needs from prefire.
 
 #include <prefire/checkpoint.h>
+#include <prefire/cuda.h>
 #include <prefire/errors.h>
 #include <prefire/install.h>
 #include <prefire/saved_tensor_meter.h>

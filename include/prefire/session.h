@@ -72,6 +72,7 @@ void set_session_budget(SessionId id, std::optional<int64_t> bytes);
 struct SessionStats {
   int64_t current_bytes = 0;     // bytes: storages of recomputed tensors the session holds now
   int64_t peak_bytes = 0;        // bytes: largest current_bytes since the session was first used
+  int64_t pool_bytes = 0;        // bytes: the part of current_bytes prefired into the CUDA session buffer pool
   int64_t prefires = 0;          // count: checkpoints recomputed by prefire()
   int64_t lazy_recomputes = 0;   // count: checkpoints recomputed by their first unpack under a scope
   int64_t hits = 0;              // count: unpacks served from a recomputation already held

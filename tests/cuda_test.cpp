@@ -1,0 +1,234 @@
+// The CUDA runtime on a real GPU: prefire on the dedicated stream with event
+// handoff, Philox state restore (dropout masks), CUDA autocast restore, the
+// session buffer pool (reserved memory stable after warm-up, pool bytes in the
+// session stats), and the checksum kernel against the CPU loop. Every test
+// skips without a GPU (GTEST_SKIP), and the file compiles to skips alone in a
+// build without CUDA.
+//
+// Not covered here: multi-GPU prefire (one device per prefire by design),
+// timing (benchmarks/overlap_benchmark.cpp).
+
+#include "test_support.h"
+
+#if PREFIRE_WITH_CUDA
+#include "checksum.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace prefire::testing {
+namespace {
+
+#define PREFIRE_REQUIRE_GPU()                                     \
+  do {                                                            \
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device here"; \
+  } while (0)
+
+#if PREFIRE_WITH_CUDA
+
+constexpr int64_t kDim = 64;
+const c10::Device kCuda(c10::kCUDA, 0);
+
+/// A stage of blocks moved to the GPU; the parameters stay leaves.
+struct CudaStage {
+  std::vector<Block> blocks;
+  explicit CudaStage(int layers, double dropout) {
+    for (int i = 0; i < layers; ++i) {
+      Block b(kDim, dropout);
+      for (at::Tensor* p : {&b.ln_w, &b.ln_b, &b.wq, &b.wk, &b.wv, &b.wo, &b.w1, &b.b1, &b.w2, &b.b2}) {
+        *p = p->detach().to(kCuda).requires_grad_(true);
+      }
+      blocks.push_back(std::move(b));
+    }
+  }
+  TensorList params() const {
+    TensorList all;
+    for (const auto& b : blocks) all = concat(all, b.params());
+    return all;
+  }
+  at::Tensor forward(at::Tensor x, bool checkpointed, CheckpointFn wrap = nullptr) const {
+    for (const auto& b : blocks) x = checkpointed ? checkpoint(wrap ? wrap : b.fn(), {x})[0] : b.forward(x);
+    return x;
+  }
+};
+
+struct SplitResult {
+  TensorList dx, dw;
+};
+
+SplitResult split_backward(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gy, const TensorList& params,
+                           std::optional<SessionId> session) {
+  SplitResult r;
+  {
+    std::optional<SessionScope> scope;
+    if (session) scope.emplace(*session, SessionOptions{true});
+    r.dx = torch::autograd::grad({y}, {x}, {gy}, true);
+  }
+  {
+    std::optional<SessionScope> scope;
+    if (session) scope.emplace(*session, SessionOptions{false});
+    r.dw = torch::autograd::grad({y}, params, {gy});
+  }
+  return r;
+}
+
+TEST(Cuda, PrefireOnSideStreamMatchesUncheckedAndRecomputesOnce) {
+  PREFIRE_REQUIRE_GPU();
+  at::manual_seed(1);
+  CudaStage stage(3, 0.1);
+  auto x = at::randn({4, 32, kDim}, kCuda).requires_grad_(true);
+  auto gy = at::randn({4, 32, kDim}, kCuda);
+  at::manual_seed(2);
+  auto ref = split_backward(x, stage.forward(x, false), gy, stage.params(), std::nullopt);
+
+  at::manual_seed(2);
+  HandleCollector collect;
+  auto y = stage.forward(x, true);
+  at::rand({1 << 20}, kCuda);  // other Philox work between forward and prefire
+  int64_t before = runtime_stats().recomputations;
+  for (const auto& h : collect.handles()) ASSERT_EQ(prefire(h, 100), PrefireStatus::kRecomputed);
+  EXPECT_GT(session_stats(100).pool_bytes, 0) << "prefire allocations did not land in the session pool";
+  auto got = split_backward(x, y, gy, stage.params(), 100);
+  EXPECT_EQ(runtime_stats().recomputations - before, 3);
+  expect_all_equal(got.dx, ref.dx);
+  expect_all_equal(got.dw, ref.dw);
+  clear_session(100);
+}
+
+TEST(Cuda, PrefireRunsOnTheDedicatedStreamAndLazyOnTheBackwardStream) {
+  PREFIRE_REQUIRE_GPU();
+  CudaStage stage(1, 0.0);
+  std::vector<c10::cuda::CUDAStream> streams;
+  CheckpointFn fn = [&](const TensorList& in) {
+    streams.push_back(c10::cuda::getCurrentCUDAStream());
+    return TensorList{stage.blocks[0].forward(in[0])};
+  };
+  auto x = at::randn({2, 8, kDim}, kCuda).requires_grad_(true);
+  HandleCollector collect;
+  auto y = checkpoint(fn, {x})[0];  // forward: streams[0]
+  prefire(collect.handles().at(0), 101);  // streams[1]
+  ASSERT_EQ(streams.size(), 2u);
+  EXPECT_NE(streams[1], streams[0]) << "prefire ran on the caller's stream";
+  { SessionScope s(101, {false}); torch::autograd::grad({y.sum()}, {x}); }
+  clear_session(101);
+
+  auto y2 = checkpoint(fn, {x})[0];  // streams[2]
+  torch::autograd::grad({y2.sum()}, {x});  // lazy: streams[3]
+  ASSERT_EQ(streams.size(), 4u);
+  EXPECT_EQ(streams[3], c10::cuda::getCurrentCUDAStream()) << "lazy recompute left the backward's stream";
+}
+
+TEST(Cuda, DropoutMasksIdenticalAfterOtherRngWorkAndCallerStateRestored) {
+  PREFIRE_REQUIRE_GPU();
+  auto x = at::randn({64, 256}, kCuda).requires_grad_(true);
+  CheckpointFn fn = [](const TensorList& in) { return TensorList{at::dropout(in[0], 0.5, true).sin()}; };
+  at::manual_seed(3);
+  auto expected = torch::autograd::grad({fn({x})[0].sum()}, {x})[0];
+  at::manual_seed(3);
+  HandleCollector collect;
+  auto y = checkpoint(fn, {x})[0];
+  at::rand({12345}, kCuda);
+  auto gen = at::globalContext().defaultGenerator(kCuda);
+  at::Tensor before;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    before = gen.get_state();
+  }
+  prefire(collect.handles().at(0), 102);
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    EXPECT_TRUE(at::equal(gen.get_state(), before)) << "prefire left the forward's Philox seed/offset behind";
+  }
+  TensorList g;
+  { SessionScope s(102, {false}); g = torch::autograd::grad({y.sum()}, {x}); }
+  EXPECT_TRUE(at::equal(g[0], expected));
+  clear_session(102);
+}
+
+TEST(Cuda, Bf16AutocastRestoredWhenPrefireRunsOutsideAutocast) {
+  PREFIRE_REQUIRE_GPU();
+  auto x = at::randn({16, 64}, kCuda).requires_grad_(true);
+  auto w = at::randn({64, 64}, kCuda).requires_grad_(true);
+  CheckpointFn fn = [&](const TensorList& in) { return TensorList{at::linear(in[0], w).relu()}; };
+  auto set_autocast = [](bool on) {
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCUDA, on);
+    if (!on) at::autocast::clear_cache();
+  };
+  set_autocast(true);
+  auto expected = torch::autograd::grad({fn({x})[0].to(at::kFloat).sum()}, {x, w});
+  HandleCollector collect;
+  auto y = checkpoint(fn, {x})[0];
+  set_autocast(false);
+  ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+  prefire(collect.handles().at(0), 103);  // outside autocast: must recompute in bf16
+  TensorList g;
+  { SessionScope s(103, {false}); g = torch::autograd::grad({y.to(at::kFloat).sum()}, {x, w}); }
+  expect_all_equal(g, expected);
+  clear_session(103);
+}
+
+TEST(Cuda, SessionPoolReservedMemoryStableAfterWarmup) {
+  PREFIRE_REQUIRE_GPU();
+  CudaStage stage(4, 0.1);
+  auto x = at::randn({8, 64, kDim}, kCuda).requires_grad_(true);
+  auto gy = at::randn({8, 64, kDim}, kCuda);
+  auto reserved = [] {
+    c10::cuda::getCurrentCUDAStream().synchronize();
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  };
+  int64_t after_second = 0;
+  int64_t pool_after_second = 0;
+  for (int iteration = 1; iteration <= 20; ++iteration) {
+    HandleCollector collect;
+    auto y = stage.forward(x, true);
+    for (const auto& h : collect.handles()) prefire(h, 104);
+    split_backward(x, y, gy, stage.params(), 104);
+    clear_session(104);
+    if (iteration == 2) {
+      after_second = reserved();
+      pool_after_second = session_pool_reserved_bytes();
+    }
+  }
+  EXPECT_GT(pool_after_second, 0);
+  EXPECT_EQ(reserved(), after_second) << "reserved memory grew after warm-up";
+  EXPECT_EQ(session_pool_reserved_bytes(), pool_after_second);
+}
+
+TEST(Cuda, ChecksumKernelEqualsCpuHashForSameBytes) {
+  PREFIRE_REQUIRE_GPU();
+  for (int64_t n : {1, 7, 8, 9, 255, 4096, 1000003}) {
+    auto bytes = at::randint(0, 256, {n}, at::TensorOptions().dtype(at::kByte));
+    uint64_t cpu = detail::tensor_checksum(bytes);
+    EXPECT_EQ(detail::tensor_checksum(bytes.to(kCuda)), cpu) << n << " bytes";
+    if (n > 1) {  // a misaligned start takes the kernel's byte-load path
+      auto tail = bytes.narrow(0, 1, n - 1);
+      EXPECT_EQ(detail::tensor_checksum(bytes.to(kCuda).narrow(0, 1, n - 1)), detail::tensor_checksum(tail));
+    }
+  }
+  auto f = at::randn({33, 17}, kCuda);
+  EXPECT_EQ(detail::tensor_checksum(f), detail::tensor_checksum(f.cpu()));
+}
+
+TEST(Cuda, ChecksumModeCatchesDropoutWithoutRngRestoreOnGpu) {
+  PREFIRE_REQUIRE_GPU();
+  auto x = at::randn({64, 64}, kCuda).requires_grad_(true);
+  CheckpointOptions options;
+  options.preserve_rng_state = false;
+  options.determinism_check = DeterminismCheck::kChecksum;
+  auto y = checkpoint([](const TensorList& in) { return TensorList{at::dropout(in[0], 0.5, true).sin()}; }, {x},
+                      options)[0];
+  EXPECT_THROW(torch::autograd::grad({y.sum()}, {x}), CheckpointError);
+}
+
+#else
+
+TEST(Cuda, BuiltWithoutCuda) { GTEST_SKIP() << "prefire was built without its CUDA parts"; }
+
+#endif
+
+}  // namespace
+}  // namespace prefire::testing
