@@ -65,7 +65,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
 /// randomly interleaved with the others, and ratios use the medians: these
 /// machines are shared and a single run drifts by 10-20 %.
 inline int run_with_ratios(int argc, char** argv,
-                           const std::vector<std::pair<std::string, std::pair<std::string, std::string>>>& ratios) {
+                           const std::vector<std::pair<std::string, std::pair<std::string, std::string>>>& ratios,
+                           RatioReporter* reporter_out = nullptr) {
   std::vector<char*> args(argv, argv + argc);
   bool repetitions_given = false;
   for (int i = 1; i < argc; ++i) repetitions_given |= std::string(argv[i]).rfind("--benchmark_repetitions", 0) == 0;
@@ -77,7 +78,8 @@ inline int run_with_ratios(int argc, char** argv,
   argv = args.data();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  RatioReporter reporter;
+  RatioReporter local;
+  RatioReporter& reporter = reporter_out ? *reporter_out : local;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.print_ratios(ratios);
   benchmark::Shutdown();

@@ -22,6 +22,7 @@
 #include "checksum.h"
 #include "cuda/prefire_stream.h"
 #include "engine.h"
+#include "observer_internal.h"
 #include "session.h"
 
 #include <c10/core/GradMode.h>
@@ -29,6 +30,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
 
 namespace prefire::detail {
@@ -180,7 +182,7 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
   metadata_.push_back(SlotMetadata::of(tensor));
   if (options_.determinism_check == DeterminismCheck::kChecksum) metadata_.back().checksum = tensor_checksum(tensor);
   // See Note [Counting recomputed bytes]: parameters and inputs are aliases.
-  bool counted = tensor.has_storage() && !(tensor.is_leaf() && tensor.requires_grad()) &&
+  bool counted = tensor.has_storage() && !aliases_a_leaf(tensor) &&
                  forward_uncounted_.count(tensor.storage().unsafeGetStorageImpl()) == 0;
   counted_.push_back(counted ? 1 : 0);
   if (counted && forward_counted_.insert(tensor.storage().unsafeGetStorageImpl()).second) {
@@ -404,6 +406,7 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
 
 void Frame::recompute(Recomputation& r, int64_t session, PrefireRun* run) {
   PREFIRE_NVTX_RANGE(run != nullptr ? "prefire::recompute(prefire)" : "prefire::recompute(lazy)", session);
+  const auto begin = std::chrono::steady_clock::now();
   r.reset(num_slots_);
   RecomputeCapture capture(*this, r);
   try {
@@ -432,6 +435,10 @@ void Frame::recompute(Recomputation& r, int64_t session, PrefireRun* run) {
         "prefire::checkpoint: the recomputation saved fewer tensors than forward did (forward saved ",
         num_slots_, ", recompute ", capture.count(),
         "): the checkpointed function does not do the same work when called again"));
+  }
+  if (has_recompute_observer()) {
+    notify_recompute(RecomputeEvent{run != nullptr ? RecomputeEvent::Kind::kPrefire : RecomputeEvent::Kind::kLazy,
+                                    session, begin, std::chrono::steady_clock::now()});
   }
 }
 

@@ -1,8 +1,9 @@
 // Note [Counting recomputed bytes]
 // A recomputation holds what autograd saved inside the checkpoint. Some of it
 // is not new memory: parameters the function captures (leaves that require
-// grad) and the checkpoint's own inputs are saved as aliases of tensors that
-// live anyway. Only the other storages count, once per storage however many
+// grad, and views of them such as the transposed weight a linear saves) and
+// the checkpoint's own inputs are saved as aliases of tensors that live
+// anyway (aliases_a_leaf). Only the other storages count, once per storage however many
 // slots alias it, from the moment a slot is stored until the last slot using
 // the storage is handed out for good or dropped. The same rule, applied to
 // forward's saves, gives Frame::expected_bytes(), which a session budget
@@ -52,6 +53,17 @@ ByteGauge& global_recomputed_bytes() {
   return gauge;
 }
 
+ByteGauge& global_held_bytes() {
+  static ByteGauge gauge;
+  return gauge;
+}
+
+bool aliases_a_leaf(const at::Tensor& t) {
+  auto is_leaf_requiring_grad = [](const at::TensorBase& x) { return x.is_leaf() && x.requires_grad(); };
+  if (is_leaf_requiring_grad(t)) return true;
+  return t.is_view() && is_leaf_requiring_grad(t._base());
+}
+
 void count_recomputation() { g_recomputations.fetch_add(1, std::memory_order_relaxed); }
 
 Recomputation::~Recomputation() {
@@ -73,6 +85,7 @@ void Recomputation::store(size_t slot, at::Tensor tensor, bool counted) {
       auto nbytes = static_cast<int64_t>(tensor.storage().nbytes());
       bytes_ += nbytes;
       global_recomputed_bytes().add(nbytes);
+      global_held_bytes().add(nbytes);
       if (owner_) owner_->add(nbytes);
       if (pool_owner_) pool_owner_->add(nbytes);
     }
@@ -98,6 +111,7 @@ void Recomputation::release(size_t slot) noexcept {
       auto nbytes = static_cast<int64_t>(t.storage().nbytes());
       bytes_ -= nbytes;
       global_recomputed_bytes().sub(nbytes);
+      global_held_bytes().sub(nbytes);
       if (owner_) owner_->sub(nbytes);
       if (pool_owner_) pool_owner_->sub(nbytes);
       storages_.erase(it);
@@ -116,9 +130,14 @@ RuntimeStats runtime_stats() {
   s.recomputations = detail::g_recomputations.load(std::memory_order_relaxed);
   s.recomputed_bytes = detail::global_recomputed_bytes().current();
   s.peak_recomputed_bytes = detail::global_recomputed_bytes().peak();
+  s.held_bytes = detail::global_held_bytes().current();
+  s.peak_held_bytes = detail::global_held_bytes().peak();
   return s;
 }
 
-void reset_runtime_peak() { detail::global_recomputed_bytes().reset_peak(); }
+void reset_runtime_peak() {
+  detail::global_recomputed_bytes().reset_peak();
+  detail::global_held_bytes().reset_peak();
+}
 
 }  // namespace prefire

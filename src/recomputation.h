@@ -29,8 +29,16 @@ class ByteGauge {
   int64_t peak_ = 0;     // bytes
 };
 
-/// The gauge behind RuntimeStats: every recomputation, any key.
+/// The gauges behind RuntimeStats: every recomputation, any key; and that
+/// plus the bytes SavedTensorMeters count ("held": all saved-tensor memory
+/// the runtime sees).
 ByteGauge& global_recomputed_bytes();
+ByteGauge& global_held_bytes();
+/// Whether `t` aliases a tensor that lives anyway: a leaf that requires grad
+/// (a parameter, a stage input) or a view of one (the w.t() a linear saves).
+/// Such storages are not activation memory and are never counted.
+bool aliases_a_leaf(const at::Tensor& t);
+
 /// Counts one recomputation in RuntimeStats.
 void count_recomputation();
 

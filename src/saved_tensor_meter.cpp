@@ -1,6 +1,7 @@
 #include <prefire/saved_tensor_meter.h>
 
 #include "hook_stack.h"
+#include "recomputation.h"
 
 #include <c10/core/Storage.h>
 #include <c10/util/Exception.h>
@@ -24,6 +25,7 @@ class MeterContext final : public HookContext, public std::enable_shared_from_th
     if (refs_[storage]++ == 0) {
       current_ += nbytes;
       peak_ = std::max(peak_, current_);
+      global_held_bytes().add(nbytes);
     }
   }
 
@@ -35,6 +37,7 @@ class MeterContext final : public HookContext, public std::enable_shared_from_th
     if (--it->second == 0) {
       current_ -= nbytes;
       refs_.erase(it);
+      global_held_bytes().sub(nbytes);
     }
   }
 
@@ -47,6 +50,9 @@ class MeterContext final : public HookContext, public std::enable_shared_from_th
 
 namespace {
 
+// Parameters exist whether or not autograd saves them: not activation memory.
+bool counts(const at::Tensor& t) { return t.has_storage() && !aliases_a_leaf(t); }
+
 // Holds the saved tensor (detached: an output saved by its own node would
 // otherwise hold that node in a cycle) and repeats autograd's version check,
 // which SavedVariable skips for hooked tensors.
@@ -56,7 +62,7 @@ class MeteredTensor final : public PackedTensor {
       : meter_(std::move(meter)),
         tensor_(t.detach()),
         version_(t._version()),
-        storage_(t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr),
+        storage_(counts(t) ? t.storage().unsafeGetStorageImpl() : nullptr),
         nbytes_(t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0) {
     meter_->add(storage_, nbytes_);
   }

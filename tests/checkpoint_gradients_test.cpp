@@ -207,7 +207,7 @@ TEST(CheckpointGradients, UnpackOutsideBackwardUsesAPrivateKey) {
 TEST(CheckpointGradients, NoGradModeRunsFunctionPlainly) {
   Block block(kDim);
   std::atomic<int> runs{0};
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto y = checkpoint(counted(block.fn(), runs), {input()})[0];
   EXPECT_EQ(runs, 1);
   EXPECT_FALSE(y.requires_grad());

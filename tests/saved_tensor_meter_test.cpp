@@ -9,8 +9,11 @@
 namespace prefire::testing {
 namespace {
 
+// A non-leaf: what a stage computes. (Leaves that require grad are not counted.)
+at::Tensor activation(at::IntArrayRef sizes) { return at::randn(sizes).requires_grad_(true) * 1.0; }
+
 TEST(SavedTensorMeter, CountsEachSavedStorageOnceUntilReleased) {
-  auto x = at::randn({4, 64}).requires_grad_(true);  // 1 KiB
+  auto x = activation({4, 64});  // 1 KiB
   SavedTensorMeter meter;
   auto a = x.sin();  // saves x
   auto b = x.cos();  // saves x again: same storage
@@ -26,10 +29,22 @@ TEST(SavedTensorMeter, CountsEachSavedStorageOnceUntilReleased) {
   EXPECT_EQ(meter.peak_bytes(), 3 * 1024);
 }
 
+TEST(SavedTensorMeter, ParametersAreNotActivationMemory) {
+  auto w = at::randn({64, 64}).requires_grad_(true);
+  auto x = activation({4, 64});
+  SavedTensorMeter meter;
+  int64_t held_before = runtime_stats().held_bytes;
+  auto y = at::linear(x, w);  // saves x and w
+  meter.stop();
+  EXPECT_EQ(meter.saved_tensors(), 2);
+  EXPECT_EQ(meter.current_bytes(), 1024);
+  EXPECT_EQ(runtime_stats().held_bytes - held_before, 1024);
+}
+
 TEST(SavedTensorMeter, CheckpointedBlockSavesOnlyItsInput) {
   at::manual_seed(21);
   Block block(16, 0.0);
-  auto x = at::randn({2, 8, 16}).requires_grad_(true);
+  auto x = activation({2, 8, 16});
   int64_t plain, checkpointed;
   {
     SavedTensorMeter meter;
@@ -42,7 +57,7 @@ TEST(SavedTensorMeter, CheckpointedBlockSavesOnlyItsInput) {
     auto y = checkpoint(block.fn(), {x})[0];
     meter.stop();
     checkpointed = meter.current_bytes();
-    grads(y, {x});
+    grads(y, block.params());
   }
   EXPECT_EQ(checkpointed, static_cast<int64_t>(x.nbytes()));
   EXPECT_GT(plain, 10 * checkpointed);

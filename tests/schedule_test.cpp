@@ -535,3 +535,33 @@ TEST(Schedule, InvalidArgumentsRaise) {
 
 }  // namespace
 }  // namespace prefire::testing
+
+namespace prefire::testing {
+namespace {
+
+TEST(Schedule, ObserverSeesLazyAndPrefireRecomputations) {
+  std::mutex mu;
+  std::vector<RecomputeEvent> events;
+  set_recompute_observer([&](const RecomputeEvent& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+  });
+  Stage stage(2, 0.0);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 80, &handles);
+  prefire(handles[0], 80);  // the other stays lazy in the session
+  attach(handles[1], 80);
+  { SessionScope s(80, {false}); torch::autograd::grad({mb.y}, {mb.x}, {mb.gy}); }
+  set_recompute_observer(nullptr);
+  clear_session(80);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, RecomputeEvent::Kind::kPrefire);
+  EXPECT_EQ(events[1].kind, RecomputeEvent::Kind::kLazy);
+  for (const auto& e : events) {
+    EXPECT_EQ(e.session, 80);
+    EXPECT_LE(e.begin, e.end);
+  }
+}
+
+}  // namespace
+}  // namespace prefire::testing

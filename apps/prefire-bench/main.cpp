@@ -1,190 +1,219 @@
-// prefire-bench: trains a small stack of transformer-style blocks a few steps
-// with and without checkpointing, on identical weights and data, and prints
-// what checkpointing costs and saves: bytes held by saved tensors after
-// forward (measured by prefire::SavedTensorMeter), step time, recomputations
-// per step, and the largest gradient difference against the unchecked run.
+// prefire-bench: one pipeline stage of GPT-style blocks trained through a
+// zero-bubble style schedule (forward of every micro-batch, B passes, then W
+// passes), in every checkpointing mode side by side on identical weights and
+// data: peak memory, step time, recomputations, refused prefires and the
+// gradient difference against the unchecked run. See --help.
+
+#include "pipeline.h"
+#include "report.h"
+#include "trace.h"
 
 #include <prefire/prefire.h>
 
-#include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
-#include <torch/csrc/autograd/autograd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 namespace {
 
-using prefire::TensorList;
+using namespace prefire_bench;
 
-struct Config {
-  int layers = 8;
-  int64_t dim = 128;
-  int64_t seq = 64;
-  int64_t batch = 4;
-  int steps = 5;
-  double dropout = 0.1;
+struct Options {
+  RunConfig run;
+  std::string device = "auto";
   int threads = 1;
-  uint64_t seed = 0;
+  std::vector<double> budgets = {0.25, 0.5};
+  std::vector<std::string> modes = {"none", "graph-task", "session", "prefire", "budget"};
+  std::string json, plot, trace;
 };
 
-void usage(const char* argv0) {
-  std::printf(
-      "usage: %s [--layers N] [--dim D] [--seq T] [--batch B] [--steps S] [--dropout P]\n"
-      "          [--threads N] [--seed S]\n"
-      "Trains a stack of transformer-style blocks S steps with and without prefire::checkpoint\n"
-      "and prints saved-tensor bytes, step time, recomputations and gradient difference.\n",
-      argv0);
+const char* kUsage = R"(usage: prefire-bench [options]
+
+Trains one pipeline stage of GPT-style blocks through a zero-bubble style
+schedule in every checkpointing mode, and prints one row per mode.
+
+model:     --layers N (4)  --hidden N (192)  --heads N (6)  --seq N (128)
+           --micro-batch N (2)  --dropout P (0.1)
+schedule:  --micro-batches N (4)  --steps N measured (5)  --warmup N (1)
+modes:     --modes LIST (none,graph-task,session,prefire,budget)
+           --budgets LIST of fractions of the prefire mode's peak session bytes (0.25,0.5)
+machine:   --device auto|cpu|cuda (auto: cuda when present)  --threads N (1)  --seed N (0)
+output:    --json FILE  --plot FILE.svg  --trace FILE.json (Chrome / Perfetto)
+)";
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> parts;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, ',');) {
+    if (!part.empty()) parts.push_back(part);
+  }
+  return parts;
 }
 
-Config parse(int argc, char** argv) {
-  Config c;
+Options parse(int argc, char** argv) {
+  Options o;
+  auto& m = o.run.model;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
-      usage(argv[0]);
+      std::fputs(kUsage, stdout);
       std::exit(0);
     }
-    if (i + 1 >= argc) throw std::invalid_argument("flag " + flag + " needs a value");
-    std::string value = argv[++i];
-    auto as_int = [&](long lo) {
-      long v = std::stol(value);
-      if (v < lo) throw std::invalid_argument(flag + " must be >= " + std::to_string(lo) + ", got " + value);
-      return v;
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (see --help)");
+    std::string v = argv[++i];
+    auto integer = [&](long lo) {
+      size_t used = 0;
+      long x = std::stol(v, &used);
+      if (used != v.size() || x < lo) throw std::invalid_argument(flag + " must be an integer >= " + std::to_string(lo) + ", got " + v);
+      return x;
     };
-    if (flag == "--layers") c.layers = as_int(1);
-    else if (flag == "--dim") c.dim = as_int(1);
-    else if (flag == "--seq") c.seq = as_int(1);
-    else if (flag == "--batch") c.batch = as_int(1);
-    else if (flag == "--steps") c.steps = as_int(1);
-    else if (flag == "--threads") c.threads = as_int(1);
-    else if (flag == "--seed") c.seed = as_int(0);
+    if (flag == "--layers") m.layers = integer(1);
+    else if (flag == "--hidden") m.hidden = integer(1);
+    else if (flag == "--heads") m.heads = integer(1);
+    else if (flag == "--seq") m.seq = integer(1);
+    else if (flag == "--micro-batch") m.micro_batch = integer(1);
+    else if (flag == "--micro-batches") o.run.micro_batches = integer(1);
+    else if (flag == "--steps") o.run.steps = integer(1);
+    else if (flag == "--warmup") o.run.warmup = integer(0);
+    else if (flag == "--threads") o.threads = integer(1);
+    else if (flag == "--seed") o.run.seed = integer(0);
+    else if (flag == "--device") o.device = v;
+    else if (flag == "--json") o.json = v;
+    else if (flag == "--plot") o.plot = v;
+    else if (flag == "--trace") o.trace = v;
+    else if (flag == "--modes") o.modes = split(v);
     else if (flag == "--dropout") {
-      c.dropout = std::stod(value);
-      if (c.dropout < 0 || c.dropout >= 1) throw std::invalid_argument("--dropout must be in [0, 1), got " + value);
+      m.dropout = std::stod(v);
+      if (!(m.dropout >= 0 && m.dropout < 1)) throw std::invalid_argument("--dropout must be in [0, 1), got " + v);
+    } else if (flag == "--budgets") {
+      o.budgets.clear();
+      for (const auto& b : split(v)) {
+        double f = std::stod(b);
+        if (!(f > 0)) throw std::invalid_argument("--budgets fractions must be > 0, got " + b);
+        o.budgets.push_back(f);
+      }
     } else {
       throw std::invalid_argument("unknown flag " + flag + " (see --help)");
     }
   }
-  return c;
+  if (m.hidden % m.heads != 0) {
+    throw std::invalid_argument("--hidden (" + std::to_string(m.hidden) + ") must be a multiple of --heads (" +
+                                std::to_string(m.heads) + ")");
+  }
+  for (const auto& mode : o.modes) {
+    if (mode != "none" && mode != "graph-task" && mode != "session" && mode != "prefire" && mode != "budget")
+      throw std::invalid_argument("--modes: unknown mode " + mode);
+  }
+  if (o.device == "auto") o.device = prefire::cuda_available() ? "cuda" : "cpu";
+  if (o.device == "cuda" && !prefire::cuda_available())
+    throw std::invalid_argument("--device cuda: no CUDA device (or prefire was built without CUDA)");
+  if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be auto, cpu or cuda");
+  o.run.device = o.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  return o;
 }
 
-struct Block {
-  at::Tensor ln_w, ln_b, wq, wk, wv, wo, w1, b1, w2, b2;
-  int64_t dim;
-  double dropout;
+bool wants(const Options& o, const char* mode) {
+  for (const auto& m : o.modes) if (m == mode) return true;
+  return false;
+}
 
-  Block(int64_t d, double p) : dim(d), dropout(p) {
-    auto init = [](at::IntArrayRef s, double scale) { return (at::randn(s) * scale).requires_grad_(true); };
-    double s = 1.0 / std::sqrt(double(d));
-    ln_w = at::ones({d}).requires_grad_(true);
-    ln_b = at::zeros({d}).requires_grad_(true);
-    wq = init({d, d}, s), wk = init({d, d}, s), wv = init({d, d}, s), wo = init({d, d}, s);
-    w1 = init({4 * d, d}, s), b1 = at::zeros({4 * d}).requires_grad_(true);
-    w2 = init({d, 4 * d}, s / 2), b2 = at::zeros({d}).requires_grad_(true);
+// A progress line on stderr, shown once a run has taken two seconds and only
+// on a terminal.
+class Progress {
+ public:
+  explicit Progress(int total) : total_(total), tty_(isatty(2)) {}
+  void update(const std::string& what, int done) {
+    if (!tty_) return;
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (s < 2.0) return;
+    int width = 30, filled = total_ ? width * done / total_ : width;
+    std::fprintf(stderr, "\r[%s%s] %3d%% %-16s %5.1fs", std::string(filled, '#').c_str(),
+                 std::string(width - filled, ' ').c_str(), total_ ? 100 * done / total_ : 100, what.c_str(), s);
+    shown_ = true;
   }
-  TensorList params() const { return {ln_w, ln_b, wq, wk, wv, wo, w1, b1, w2, b2}; }
+  ~Progress() {
+    if (shown_) std::fprintf(stderr, "\r%80s\r", "");
+  }
 
-  at::Tensor forward(const at::Tensor& x) const {
-    auto h = at::layer_norm(x, {dim}, ln_w, ln_b);
-    auto q = at::linear(h, wq), k = at::linear(h, wk), v = at::linear(h, wv);
-    auto att = at::softmax(at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(dim)), -1);
-    auto x2 = x + at::linear(at::matmul(at::dropout(att, dropout, true), v), wo);
-    auto m = at::dropout(at::gelu(at::linear(x2, w1, b1)), dropout, true);
-    return x2 + at::linear(m, w2, b2);
-  }
+ private:
+  int total_;
+  bool tty_;
+  bool shown_ = false;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
-
-struct Result {
-  int64_t saved_bytes = 0;
-  std::vector<double> step_ms;
-  double recomputes_per_step = 0;
-  std::vector<TensorList> grads;  // per step
-};
-
-Result train(const Config& c, bool use_checkpoint) {
-  at::manual_seed(c.seed);
-  std::vector<Block> blocks;
-  for (int i = 0; i < c.layers; ++i) blocks.emplace_back(c.dim, c.dropout);
-  TensorList params;
-  for (auto& b : blocks) for (auto& p : b.params()) params.push_back(p);
-  auto data = at::randn({c.batch, c.seq, c.dim});
-  auto target = at::randn({c.batch, c.seq, c.dim});
-
-  Result r;
-  std::atomic<int64_t> runs{0};
-  at::manual_seed(c.seed + 1);
-  for (int step = 0; step < c.steps; ++step) {
-    auto start = std::chrono::steady_clock::now();
-    runs = 0;
-    prefire::SavedTensorMeter meter;
-    at::Tensor h = data;
-    for (auto& b : blocks) {
-      if (use_checkpoint) {
-        h = prefire::checkpoint([&b, &runs](const TensorList& in) {
-              ++runs;
-              return TensorList{b.forward(in[0])};
-            }, {h})[0];
-      } else {
-        h = b.forward(h);
-      }
-    }
-    auto loss = (h - target).pow(2).mean();
-    meter.stop();
-    r.saved_bytes = std::max(r.saved_bytes, meter.peak_bytes());
-    auto g = torch::autograd::grad({loss}, params);
-    {
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < params.size(); ++i) params[i].sub_(g[i], 1e-2);
-    }
-    auto end = std::chrono::steady_clock::now();
-    r.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
-    r.recomputes_per_step += double(use_checkpoint ? runs - c.layers : 0) / c.steps;
-    r.grads.push_back(std::move(g));
-  }
-  return r;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    Config c = parse(argc, argv);
+    Options o = parse(argc, argv);
     prefire::install();
-    at::set_num_threads(c.threads);
-    std::printf("prefire-bench: %d blocks, dim %lld, seq %lld, batch %lld, dropout %.2f, %d steps, %d thread(s)\n",
-                c.layers, (long long)c.dim, (long long)c.seq, (long long)c.batch, c.dropout, c.steps, c.threads);
-    Result plain = train(c, false);
-    Result ckpt = train(c, true);
-    double max_diff = 0;
-    for (size_t s = 0; s < plain.grads.size(); ++s)
-      for (size_t i = 0; i < plain.grads[s].size(); ++i)
-        max_diff = std::max(max_diff, (plain.grads[s][i] - ckpt.grads[s][i]).abs().max().item<double>());
+    at::set_num_threads(o.threads);
+    const auto& c = o.run;
+    const auto& m = c.model;
+    std::printf("prefire-bench: %d blocks (hidden %lld, %lld heads, seq %lld), %d micro-batches of %lld, dropout %.2f,"
+                " %d+%d steps, %s, %d thread(s)\n",
+                m.layers, (long long)m.hidden, (long long)m.heads, (long long)m.seq, c.micro_batches,
+                (long long)m.micro_batch, m.dropout, c.warmup, c.steps, c.device.str().c_str(), o.threads);
 
-    std::printf("\n%-12s %16s %14s %18s %16s\n", "mode", "saved bytes", "step ms (med)", "recomputes/step",
-                "max |grad diff|");
-    auto row = [&](const char* name, const Result& r, double diff) {
-      std::printf("%-12s %16lld %14.2f %18.1f %16.3g\n", name, (long long)r.saved_bytes, median(r.step_ms),
-                  r.recomputes_per_step, diff);
-    };
-    row("none", plain, 0.0);
-    row("checkpoint", ckpt, max_diff);
-    std::printf("\nsaved bytes ratio checkpoint/none: %.3f   step time ratio: %.3f\n",
-                double(ckpt.saved_bytes) / double(plain.saved_bytes), median(ckpt.step_ms) / median(plain.step_ms));
-    return max_diff == 0.0 || c.threads > 1 ? 0 : 1;
+    std::vector<std::pair<Mode, std::optional<double>>> plan = {{Mode::kNone, std::nullopt}};
+    if (wants(o, "graph-task")) plan.push_back({Mode::kGraphTask, std::nullopt});
+    if (wants(o, "session")) plan.push_back({Mode::kSession, std::nullopt});
+    if (wants(o, "prefire") || wants(o, "budget")) plan.push_back({Mode::kPrefire, std::nullopt});
+    if (wants(o, "budget")) for (double f : o.budgets) plan.push_back({Mode::kBudget, f});
+
+    Trace trace;
+    Trace* tracing = o.trace.empty() ? nullptr : &trace;
+    if (tracing) trace.observe_recomputations();
+    Progress progress(static_cast<int>(plan.size()) * (c.warmup + c.steps));
+    std::vector<ModeResult> results;
+    results.reserve(plan.size());  // `reference` points into it
+    const ModeResult* reference = nullptr;
+    int64_t prefire_session_peak = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      auto [mode, fraction] = plan[i];
+      int64_t budget = fraction ? static_cast<int64_t>(*fraction * double(prefire_session_peak)) : 0;
+      const std::string name = std::string(to_string(mode)) +
+                               (fraction ? " " + std::to_string(static_cast<int>(*fraction * 100 + 0.5)) + "%" : "");
+      if (tracing) trace.begin_process(static_cast<int>(i), name);
+      const int done_before = static_cast<int>(i) * (c.warmup + c.steps);
+      auto result = run_mode(c, mode, fraction, budget, /*session_base=*/1000 * static_cast<int64_t>(i + 1), reference,
+                             tracing, [&](int step) { progress.update(name, done_before + step); });
+      if (mode == Mode::kPrefire) prefire_session_peak = result.peak_session_bytes;
+      results.push_back(std::move(result));
+      if (mode == Mode::kNone) reference = &results.front();
+    }
+    if (tracing) trace.stop_observing();
+    if (!wants(o, "none")) results.erase(results.begin());
+    if (wants(o, "budget") && !wants(o, "prefire")) {
+      results.erase(std::remove_if(results.begin(), results.end(), [](const ModeResult& r) { return r.mode == Mode::kPrefire; }),
+                    results.end());
+    }
+
+    print_table(stdout, c, results);
+    std::printf("\nmemory: %s; session: largest one micro-batch's session held; budgets are fractions of the "
+                "prefire mode's session peak.\n",
+                c.device.is_cuda() ? "CUDA allocator peak" : "peak bytes of saved and recomputed tensors (runtime accounting)");
+    if (!o.json.empty()) write_json(o.json, c, results);
+    if (!o.plot.empty()) write_svg(o.plot, c, results);
+    if (tracing) trace.write(o.trace);
+
+    double worst = 0;
+    for (const auto& r : results) worst = std::max(worst, r.max_grad_diff);
+    if (c.device.is_cpu() && o.threads == 1 && worst != 0.0) {
+      std::fprintf(stderr, "prefire-bench: gradients differ from the unchecked run (max %g) on CPU with one thread\n", worst);
+      return 3;
+    }
+    return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "prefire-bench: %s\n", e.what());
     return 2;

@@ -6,6 +6,7 @@
 #include <prefire/cuda.h>
 #include <prefire/errors.h>
 #include <prefire/install.h>
+#include <prefire/observer.h>
 #include <prefire/saved_tensor_meter.h>
 #include <prefire/schedule.h>
 #include <prefire/session.h>

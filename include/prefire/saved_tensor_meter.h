@@ -18,7 +18,9 @@ class HookContextScope;
 /// receives the saves and drops them; the checkpoint's inputs are saved
 /// through the meter and counted. Bytes are counted per storage (a storage
 /// saved by several ops counts once) and stay counted until autograd releases
-/// every saved tensor that uses it.
+/// every saved tensor that uses it. Leaves that require grad (parameters, a
+/// pipeline stage's input) and views of them live anyway and are not counted. The bytes also
+/// count in RuntimeStats::held_bytes.
 ///
 /// Saved tensors keep autograd's in-place check: unpacking one that was
 /// modified in place after it was saved raises as it would without the meter.

@@ -1,10 +1,12 @@
-// Unpack cost per saved tensor: served from a session with 1 and with 1000
-// live sessions (the hot path reads checkpoint fields only, so the count of
-// sessions must not matter), and autograd's own unpack without hooks for
-// scale (it returns the saved tensor itself; a hooked unpack makes a new
-// tensor object, as with any saved-tensor hook).
+// Cost per saved tensor. Pack: a checkpoint's forward of a function that
+// saves kSaved tensors, against the same function unchecked. Unpack: served
+// from a session with 1 and with 1000 live sessions (the hot path reads
+// checkpoint fields only, so the count of sessions must not matter), and
+// autograd's own unpack without hooks for scale (it returns the saved tensor
+// itself; a hooked unpack makes a new tensor object, as with any saved-tensor
+// hook).
 //
-//   build/benchmarks/prefire_unpack_benchmark
+//   build/benchmarks/prefire_saved_tensor_benchmark
 
 #include <prefire/prefire.h>
 
@@ -68,6 +70,27 @@ void BM_Unpack_SessionHit(benchmark::State& state) {
 }
 BENCHMARK(BM_Unpack_SessionHit)->Arg(1)->Arg(1000);
 
+// Pack: the forward of a checkpoint whose function saves kSaved tensors.
+void BM_Pack_Checkpoint(benchmark::State& state) {
+  auto x = at::randn({16}).requires_grad_(true);
+  for (auto _ : state) {
+    auto y = prefire::checkpoint([](const TensorList& in) { return TensorList{SaveMany::apply(in[0])}; }, {x});
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kSaved);
+}
+BENCHMARK(BM_Pack_Checkpoint);
+
+void BM_Pack_NoCheckpoint(benchmark::State& state) {
+  auto x = at::randn({16}).requires_grad_(true);
+  for (auto _ : state) {
+    auto y = SaveMany::apply(x);
+    benchmark::DoNotOptimize(y);
+  }
+  state.SetItemsProcessed(state.iterations() * kSaved);
+}
+BENCHMARK(BM_Pack_NoCheckpoint);
+
 // Autograd's own unpack of the same node, no checkpoint: the floor.
 void BM_Unpack_NoCheckpoint(benchmark::State& state) {
   auto x = at::randn({16}).requires_grad_(true);
@@ -88,7 +111,8 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   return prefire::bench::run_with_ratios(
       argc, argv,
-      {{"session hit, 1000 live sessions / 1 live session",
+      {{"pack: checkpoint / no checkpoint, per saved tensor", {"BM_Pack_Checkpoint", "BM_Pack_NoCheckpoint"}},
+       {"session hit, 1000 live sessions / 1 live session",
         {"BM_Unpack_SessionHit/1000", "BM_Unpack_SessionHit/1"}},
        {"session hit / autograd's unhooked unpack", {"BM_Unpack_SessionHit/1", "BM_Unpack_NoCheckpoint"}}});
 }

@@ -1,0 +1,186 @@
+#include "pipeline.h"
+
+#include "device.h"
+
+#include <prefire/prefire.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace prefire_bench {
+
+const char* to_string(Mode mode) {
+  switch (mode) {
+    case Mode::kNone:
+      return "none";
+    case Mode::kGraphTask:
+      return "graph-task";
+    case Mode::kSession:
+      return "session";
+    case Mode::kPrefire:
+      return "prefire";
+    case Mode::kBudget:
+      return "budget";
+  }
+  return "?";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using prefire::TensorList;
+
+bool checkpointed(Mode m) { return m != Mode::kNone; }
+bool uses_sessions(Mode m) { return m == Mode::kSession || m == Mode::kPrefire || m == Mode::kBudget; }
+bool prefires(Mode m) { return m == Mode::kPrefire || m == Mode::kBudget; }
+
+at::Tensor stage_forward(const Stage& stage, at::Tensor h, bool checkpoint) {
+  for (const auto& blk : stage.blocks) {
+    h = checkpoint ? prefire::checkpoint([&blk](const TensorList& in) { return TensorList{blk.forward(in[0])}; },
+                                         {h})[0]
+                   : blk.forward(h);
+  }
+  return h;
+}
+
+// Runs `work` and, with a trace, records it as one event.
+template <typename F>
+void phase(Trace* trace, const char* name, int64_t micro_batch, F&& work) {
+  auto begin = Clock::now();
+  work();
+  if (trace) trace->add(name, "schedule", begin, Clock::now(), "micro_batch", micro_batch);
+}
+
+double max_abs_diff(const TensorList& a, const TensorList& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (!a[i].defined() || !b[i].defined()) continue;
+    m = std::max(m, (a[i].to(at::kCPU) - b[i]).abs().max().item<double>());
+  }
+  return m;
+}
+
+}  // namespace
+
+ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> budget_fraction, int64_t budget_bytes,
+                    prefire::SessionId session_base, const ModeResult* reference, Trace* trace,
+                    const std::function<void(int)>& progress) {
+  ModeResult result;
+  result.mode = mode;
+  result.budget_fraction = budget_fraction;
+  result.budget_bytes = budget_bytes;
+  result.label = to_string(mode);
+  if (budget_fraction) result.label += " " + std::to_string(static_cast<int>(*budget_fraction * 100 + 0.5)) + "%";
+
+  Stage stage(config.model, config.device, config.seed);
+  const TensorList params = stage.params();
+  const int mbs = config.micro_batches;
+  auto session = [&](int mb) { return session_base + mb; };
+  if (mode == Mode::kBudget) {
+    for (int mb = 0; mb < mbs; ++mb) prefire::set_session_budget(session(mb), budget_bytes);
+  }
+  auto refused = [&] {
+    int64_t n = 0;
+    for (int mb = 0; mb < mbs; ++mb) n += prefire::session_stats(session(mb)).refused_prefires;
+    return n;
+  };
+  int64_t recomputations_measured = 0, refused_measured = 0;
+  const auto opts = at::TensorOptions().device(config.device).dtype(config.model.dtype);
+  const auto& m = config.model;
+
+  reset_peaks(config.device);
+  for (int step = 0; step < config.warmup + config.steps; ++step) {
+    const bool measured = step >= config.warmup;
+    at::manual_seed(config.seed + 1000 + step);  // data of this step, the same in every mode
+    TensorList x(mbs), gy(mbs), y(mbs);
+    for (int mb = 0; mb < mbs; ++mb) {
+      x[mb] = at::randn({m.micro_batch, m.seq, m.hidden}, opts).requires_grad_(true);  // received activations
+      gy[mb] = at::randn({m.micro_batch, m.seq, m.hidden}, opts);                      // received gradients
+    }
+    at::manual_seed(config.seed + 2000 + step);  // dropout of this step
+    synchronize(config.device);
+    prefire::reset_runtime_peak();
+    const int64_t recomputations_before = prefire::runtime_stats().recomputations;
+    const int64_t refused_before = refused();
+    const auto start = Clock::now();
+
+    std::vector<std::vector<prefire::CheckpointHandle>> handles(mbs);
+    {
+      prefire::SavedTensorMeter meter;  // counts what forward saves outside checkpoints
+      for (int mb = 0; mb < mbs; ++mb) {
+        phase(trace, "forward", mb, [&] {
+          prefire::HandleCollector collect;
+          y[mb] = stage_forward(stage, x[mb], checkpointed(mode));
+          handles[mb] = collect.handles();
+        });
+      }
+      meter.stop();
+      if (mode == Mode::kSession) {
+        for (int mb = 0; mb < mbs; ++mb)
+          for (const auto& h : handles[mb]) prefire::attach(h, session(mb));
+      }
+      TensorList dx(mbs), dw;
+      for (int mb = 0; mb < mbs; ++mb) {  // B passes: dx, keeping the graph for W
+        if (prefires(mode)) {
+          phase(trace, "prefire", mb, [&] {
+            for (const auto& h : handles[mb]) prefire::prefire(h, session(mb));
+          });
+        }
+        phase(trace, "B", mb, [&] {
+          std::optional<prefire::SessionScope> scope;
+          if (uses_sessions(mode)) scope.emplace(session(mb), prefire::SessionOptions{/*retain_on_unpack=*/true});
+          dx[mb] = torch::autograd::grad({y[mb]}, {x[mb]}, {gy[mb]}, /*retain_graph=*/true)[0];
+        });
+      }
+      for (int mb = 0; mb < mbs; ++mb) {  // W passes: dw, releasing the graph
+        phase(trace, "W", mb, [&] {
+          std::optional<prefire::SessionScope> scope;
+          if (uses_sessions(mode)) scope.emplace(session(mb), prefire::SessionOptions{/*retain_on_unpack=*/false});
+          auto g = torch::autograd::grad({y[mb]}, params, {gy[mb]});
+          if (dw.empty()) {
+            dw = g;
+          } else {
+            for (size_t i = 0; i < g.size(); ++i) dw[i].add_(g[i]);
+          }
+          y[mb].reset();
+        });
+        if (uses_sessions(mode)) {
+          result.peak_session_bytes = std::max(result.peak_session_bytes, prefire::session_stats(session(mb)).peak_bytes);
+          phase(trace, "clear", mb, [&] { prefire::clear_session(session(mb)); });
+        }
+      }
+      {
+        c10::NoGradGuard no_grad;
+        for (size_t i = 0; i < params.size(); ++i) params[i].sub_(dw[i], config.lr);
+      }
+      synchronize(config.device);
+      const auto end = Clock::now();
+      if (measured) {
+        result.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+        result.peak_held_bytes = std::max(result.peak_held_bytes, prefire::runtime_stats().peak_held_bytes);
+        recomputations_measured += prefire::runtime_stats().recomputations - recomputations_before;
+        refused_measured += refused() - refused_before;
+        TensorList grads = dx;
+        grads.insert(grads.end(), dw.begin(), dw.end());
+        if (reference == nullptr) {
+          for (auto& g : grads) g = g.to(at::kCPU);  // kept off the device: not part of its peak
+          result.grads.push_back(std::move(grads));
+        } else {
+          const size_t s = result.step_ms.size() - 1;
+          result.max_grad_diff = std::max(result.max_grad_diff, max_abs_diff(grads, reference->grads.at(s)));
+        }
+      }
+    }
+    if (progress) progress(step + 1);
+  }
+  result.peak_device_bytes = device_peak_bytes(config.device);
+  result.peak_rss_bytes = config.device.is_cpu() ? peak_rss_bytes() : -1;
+  result.recomputes_per_step = double(recomputations_measured) / config.steps;
+  result.refused_per_step = double(refused_measured) / config.steps;
+  return result;
+}
+
+}  // namespace prefire_bench

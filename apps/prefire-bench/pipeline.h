@@ -1,0 +1,62 @@
+#pragma once
+
+// One pipeline stage trained through a zero-bubble style schedule: forward
+// of every micro-batch, then a B pass (dx) per micro-batch, then a W pass
+// (dw) per micro-batch, then an SGD step, in one of several modes.
+
+#include "model.h"
+#include "trace.h"
+
+#include <prefire/session.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace prefire_bench {
+
+enum class Mode {
+  kNone,       // no checkpoint
+  kGraphTask,  // checkpoint per block, keyed by graph task: recomputes in B and again in W
+  kSession,    // a session per micro-batch, lazy: recomputed in B, reused in W
+  kPrefire,    // sessions + prefire of a micro-batch's checkpoints just before its B
+  kBudget,     // prefire under a byte budget per session
+};
+const char* to_string(Mode mode);
+
+struct RunConfig {
+  ModelConfig model;
+  int micro_batches = 4;
+  int steps = 5;   // measured steps
+  int warmup = 1;  // steps before measuring
+  uint64_t seed = 0;
+  double lr = 1e-3;
+  at::Device device = at::Device(at::kCPU);
+};
+
+struct ModeResult {
+  std::string label;             // "prefire", "budget 25%", ...
+  Mode mode = Mode::kNone;
+  std::optional<double> budget_fraction;
+  int64_t budget_bytes = 0;      // bytes per session (budget modes)
+  std::vector<double> step_ms;   // measured steps
+  double recomputes_per_step = 0;
+  double refused_per_step = 0;
+  int64_t peak_held_bytes = 0;   // bytes: saved tensors + recomputed tensors, runtime accounting
+  int64_t peak_session_bytes = 0;  // bytes: largest peak of one micro-batch's session
+  int64_t peak_device_bytes = -1;  // bytes: CUDA allocator peak (CUDA runs only)
+  int64_t peak_rss_bytes = -1;     // bytes: process peak RSS over the mode (CPU runs, when measurable)
+  double max_grad_diff = 0;      // max |grad - grad(none)| over steps, dx and dw
+  std::vector<std::vector<at::Tensor>> grads;  // per measured step: dx of each micro-batch, then dw
+};
+
+/// Runs `mode` from fresh weights (same seed for every mode). `session_base`
+/// keeps the modes' session ids apart; `reference` (the `none` run) gives the
+/// gradient difference. `progress(step)` is called after each step.
+ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> budget_fraction, int64_t budget_bytes,
+                    prefire::SessionId session_base, const ModeResult* reference, Trace* trace,
+                    const std::function<void(int)>& progress);
+
+}  // namespace prefire_bench

@@ -1,0 +1,140 @@
+#include "report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace prefire_bench {
+
+Spread spread(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  double median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return {median, v.front(), v.back()};
+}
+
+int64_t headline_bytes(const ModeResult& r) { return r.peak_device_bytes >= 0 ? r.peak_device_bytes : r.peak_held_bytes; }
+
+namespace {
+
+double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+std::ofstream open_or_throw(const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write " + path);
+  return out;
+}
+
+}  // namespace
+
+void print_table(std::FILE* out, const RunConfig& c, const std::vector<ModeResult>& results) {
+  const bool cuda = c.device.is_cuda();
+  std::fprintf(out, "\n%-12s %14s %14s %12s %22s %12s %10s %14s\n", "mode", cuda ? "peak alloc MiB" : "peak held MiB",
+               "session MiB", cuda ? "held MiB" : "peak RSS MiB", "step ms med [min-max]", "recomp/step",
+               "refused", "max|dgrad|");
+  for (const auto& r : results) {
+    auto s = spread(r.step_ms);
+    char step[64];
+    std::snprintf(step, sizeof step, "%.1f [%.1f-%.1f]", s.median, s.min, s.max);
+    double third = cuda ? mib(r.peak_held_bytes) : (r.peak_rss_bytes >= 0 ? mib(r.peak_rss_bytes) : NAN);
+    std::fprintf(out, "%-12s %14.2f %14.2f %12.1f %22s %12.1f %10.1f %14.3g\n", r.label.c_str(),
+                 mib(headline_bytes(r)), mib(r.peak_session_bytes), third, step, r.recomputes_per_step,
+                 r.refused_per_step, r.max_grad_diff);
+  }
+}
+
+void write_json(const std::string& path, const RunConfig& c, const std::vector<ModeResult>& results) {
+  auto out = open_or_throw(path);
+  const auto& m = c.model;
+  out << "{\n  \"config\": {\"layers\": " << m.layers << ", \"hidden\": " << m.hidden << ", \"heads\": " << m.heads
+      << ", \"seq\": " << m.seq << ", \"micro_batch\": " << m.micro_batch << ", \"micro_batches\": " << c.micro_batches
+      << ", \"steps\": " << c.steps << ", \"warmup\": " << c.warmup << ", \"dropout\": " << m.dropout
+      << ", \"seed\": " << c.seed << ", \"device\": \"" << c.device.str() << "\"},\n  \"modes\": [\n";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    auto s = spread(r.step_ms);
+    out << "    {\"label\": \"" << r.label << "\", \"mode\": \"" << to_string(r.mode) << "\", \"budget_fraction\": "
+        << (r.budget_fraction ? std::to_string(*r.budget_fraction) : "null") << ", \"budget_bytes\": "
+        << r.budget_bytes << ", \"peak_held_bytes\": " << r.peak_held_bytes
+        << ", \"peak_session_bytes\": " << r.peak_session_bytes << ", \"peak_device_bytes\": "
+        << (r.peak_device_bytes >= 0 ? std::to_string(r.peak_device_bytes) : "null") << ", \"peak_rss_bytes\": "
+        << (r.peak_rss_bytes >= 0 ? std::to_string(r.peak_rss_bytes) : "null") << ", \"step_ms\": {\"median\": "
+        << s.median << ", \"min\": " << s.min << ", \"max\": " << s.max << ", \"all\": [";
+    for (size_t k = 0; k < r.step_ms.size(); ++k) out << (k ? ", " : "") << r.step_ms[k];
+    out << "]}, \"recomputes_per_step\": " << r.recomputes_per_step << ", \"refused_prefires_per_step\": "
+        << r.refused_per_step << ", \"max_grad_diff\": " << r.max_grad_diff << "}"
+        << (i + 1 < results.size() ? ",\n" : "\n");
+  }
+  out << "  ]\n}\n";
+}
+
+void write_svg(const std::string& path, const RunConfig& c, const std::vector<ModeResult>& results) {
+  auto out = open_or_throw(path);
+  const double width = 720, height = 480, left = 80, right = 40, top = 50, bottom = 60;
+  double tmax = 0, mmax = 0;
+  for (const auto& r : results) {
+    tmax = std::max(tmax, spread(r.step_ms).median);
+    mmax = std::max(mmax, mib(headline_bytes(r)));
+  }
+  tmax = tmax > 0 ? tmax * 1.15 : 1;
+  mmax = mmax > 0 ? mmax * 1.15 : 1;
+  auto px = [&](double t) { return left + t / tmax * (width - left - right); };
+  auto py = [&](double mb) { return height - bottom - mb / mmax * (height - top - bottom); };
+  const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
+
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+      << "\" viewBox=\"0 0 " << width << " " << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      << "<text x=\"" << width / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">prefire-bench: "
+      << (c.device.is_cuda() ? "peak allocated" : "peak saved-tensor") << " memory vs step time ("
+      << c.model.layers << " layers, " << c.micro_batches << " micro-batches, " << c.device.str() << ")</text>\n";
+  // Axes with five ticks each.
+  out << "<line x1=\"" << left << "\" y1=\"" << height - bottom << "\" x2=\"" << width - right << "\" y2=\""
+      << height - bottom << "\" stroke=\"black\"/>\n<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left
+      << "\" y2=\"" << height - bottom << "\" stroke=\"black\"/>\n";
+  for (int i = 0; i <= 5; ++i) {
+    double t = tmax * i / 5, mb = mmax * i / 5;
+    out << "<text x=\"" << px(t) << "\" y=\"" << height - bottom + 18 << "\" text-anchor=\"middle\">"
+        << std::round(t * 10) / 10 << "</text>\n";
+    out << "<text x=\"" << left - 8 << "\" y=\"" << py(mb) + 4 << "\" text-anchor=\"end\">"
+        << std::round(mb * 10) / 10 << "</text>\n";
+    out << "<line x1=\"" << left << "\" y1=\"" << py(mb) << "\" x2=\"" << width - right << "\" y2=\"" << py(mb)
+        << "\" stroke=\"#ddd\"/>\n";
+  }
+  out << "<text x=\"" << (left + width - right) / 2 << "\" y=\"" << height - 18
+      << "\" text-anchor=\"middle\">median step time (ms)</text>\n"
+      << "<text transform=\"translate(20," << (top + height - bottom) / 2
+      << ") rotate(-90)\" text-anchor=\"middle\">peak memory (MiB)</text>\n";
+  // Labels go to the first of four places beside their point that no earlier
+  // label covers (points of similar modes often sit close together).
+  struct Box {
+    double x0, y0, x1, y1;
+  };
+  std::vector<Box> placed;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    double x = px(spread(r.step_ms).median), y = py(mib(headline_bytes(r)));
+    const double w = 7.0 * r.label.size(), h = 14;
+    const double candidates[4][2] = {{9, -8}, {9, 18}, {-9 - w, -8}, {-9 - w, 18}};
+    double lx = x + 9, ly = y - 8;
+    for (const auto& c : candidates) {
+      Box b{x + c[0], y + c[1] - h, x + c[0] + w, y + c[1]};
+      bool free = std::none_of(placed.begin(), placed.end(), [&](const Box& o) {
+        return b.x0 < o.x1 && o.x0 < b.x1 && b.y0 < o.y1 && o.y0 < b.y1;
+      });
+      if (free) {
+        lx = b.x0, ly = b.y1;
+        break;
+      }
+    }
+    placed.push_back({lx, ly - h, lx + w, ly});
+    out << "<circle cx=\"" << x << "\" cy=\"" << y << "\" r=\"6\" fill=\"" << palette[i % 8] << "\"/>\n"
+        << "<text x=\"" << lx << "\" y=\"" << ly << "\" fill=\"" << palette[i % 8] << "\">" << r.label
+        << "</text>\n";
+  }
+  out << "</svg>\n";
+}
+
+}  // namespace prefire_bench

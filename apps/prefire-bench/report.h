@@ -1,0 +1,29 @@
+#pragma once
+
+// What prefire-bench prints and writes: the table, the JSON report and the
+// SVG chart of peak memory against step time.
+
+#include "pipeline.h"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace prefire_bench {
+
+/// Median, min and max of `v` (non-empty).
+struct Spread {
+  double median, min, max;
+};
+Spread spread(std::vector<double> v);
+
+/// The memory figure a chart and a comparison use: the CUDA allocator's peak
+/// on a GPU, the runtime's peak held bytes on CPU.
+int64_t headline_bytes(const ModeResult& r);
+
+void print_table(std::FILE* out, const RunConfig& config, const std::vector<ModeResult>& results);
+/// Throws std::runtime_error when a file cannot be written.
+void write_json(const std::string& path, const RunConfig& config, const std::vector<ModeResult>& results);
+void write_svg(const std::string& path, const RunConfig& config, const std::vector<ModeResult>& results);
+
+}  // namespace prefire_bench

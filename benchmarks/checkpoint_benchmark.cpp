@@ -1,0 +1,145 @@
+// What a checkpoint costs and saves.
+//
+// * Per-call overhead: forward + backward of a tiny block (CPU-bound: the
+//   cost is prefire's bookkeeping, not arithmetic), checkpointed vs not.
+// * B/W split: one micro-batch of a GPT-style stage, forward then a dx pass
+//   (retain_graph) then a dw pass, in four modes: no checkpoint, checkpoint
+//   keyed by graph task (recomputes in both passes), session (recomputes once,
+//   lazily), prefire (recomputes once, before the dx pass). Target: session /
+//   graph-task <= 0.85.
+// * Memory: peak bytes of saved and recomputed tensors (runtime accounting)
+//   per mode, as counters; printed as ratios to the unchecked run (target for
+//   checkpointing: about 1/layers of it, plus the checkpoint inputs).
+//
+//   build/benchmarks/prefire_checkpoint_benchmark
+
+#include <prefire/prefire.h>
+
+#include "model.h"
+#include "ratio_reporter.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+
+namespace {
+
+using prefire::TensorList;
+
+// ---- per-call overhead ------------------------------------------------------------
+
+struct Tiny {
+  at::Tensor w = at::randn({16, 16}).requires_grad_(true);
+  at::Tensor x = at::randn({4, 16}).requires_grad_(true);
+  at::Tensor forward(const at::Tensor& in) const { return at::gelu(at::linear(in, w)).sin(); }
+};
+
+void BM_Call_NoCheckpoint(benchmark::State& state) {
+  Tiny t;
+  for (auto _ : state) {
+    auto g = torch::autograd::grad({t.forward(t.x).sum()}, {t.x, t.w});
+    benchmark::DoNotOptimize(g.data());
+  }
+}
+BENCHMARK(BM_Call_NoCheckpoint)->Unit(benchmark::kMicrosecond);
+
+void BM_Call_Checkpoint(benchmark::State& state) {
+  Tiny t;
+  for (auto _ : state) {
+    auto y = prefire::checkpoint([&t](const TensorList& in) { return TensorList{t.forward(in[0])}; }, {t.x})[0];
+    auto g = torch::autograd::grad({y.sum()}, {t.x, t.w});
+    benchmark::DoNotOptimize(g.data());
+  }
+}
+BENCHMARK(BM_Call_Checkpoint)->Unit(benchmark::kMicrosecond);
+
+// ---- B/W split ---------------------------------------------------------------------
+
+enum class Split { kNone, kGraphTask, kSession, kPrefire };
+
+prefire_bench::Stage& stage() {
+  static prefire_bench::ModelConfig config = [] {
+    prefire_bench::ModelConfig c;
+    c.layers = 4, c.hidden = 128, c.heads = 4, c.seq = 64, c.micro_batch = 4, c.dropout = 0.1;
+    return c;
+  }();
+  static prefire_bench::Stage s(config, at::Device(at::kCPU), /*seed=*/0);
+  return s;
+}
+
+std::map<Split, int64_t>& peak_bytes() {
+  static std::map<Split, int64_t> peaks;
+  return peaks;
+}
+
+void BM_Split(benchmark::State& state, Split mode) {
+  auto& s = stage();
+  const auto params = s.params();
+  const auto& c = s.config;
+  auto x = at::randn({c.micro_batch, c.seq, c.hidden}).requires_grad_(true);
+  auto gy = at::randn({c.micro_batch, c.seq, c.hidden});
+  const bool sessions = mode == Split::kSession || mode == Split::kPrefire;
+  int64_t peak = 0;
+  for (auto _ : state) {
+    prefire::reset_runtime_peak();
+    prefire::HandleCollector collect;
+    at::Tensor y;
+    {
+      prefire::SavedTensorMeter meter;
+      y = x;
+      for (const auto& blk : s.blocks) {
+        y = mode == Split::kNone
+                ? blk.forward(y)
+                : prefire::checkpoint([&blk](const TensorList& in) { return TensorList{blk.forward(in[0])}; }, {y})[0];
+      }
+      meter.stop();
+      for (const auto& h : collect.handles()) {
+        if (mode == Split::kSession) prefire::attach(h, 0);
+        if (mode == Split::kPrefire) prefire::prefire(h, 0);
+      }
+      std::optional<prefire::SessionScope> b_scope;
+      if (sessions) b_scope.emplace(0, prefire::SessionOptions{true});
+      auto dx = torch::autograd::grad({y}, {x}, {gy}, /*retain_graph=*/true);
+      b_scope.reset();
+      std::optional<prefire::SessionScope> w_scope;
+      if (sessions) w_scope.emplace(0, prefire::SessionOptions{false});
+      auto dw = torch::autograd::grad({y}, params, {gy});
+      w_scope.reset();
+      if (sessions) prefire::clear_session(0);
+      benchmark::DoNotOptimize(dw.data());
+    }
+    peak = std::max(peak, prefire::runtime_stats().peak_held_bytes);
+  }
+  state.counters["peak_held_bytes"] = static_cast<double>(peak);
+  peak_bytes()[mode] = peak;
+}
+BENCHMARK_CAPTURE(BM_Split, None, Split::kNone)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Split, GraphTask, Split::kGraphTask)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Split, Session, Split::kSession)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Split, Prefire, Split::kPrefire)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  prefire::install();
+  at::set_num_threads(1);
+  int rc = prefire::bench::run_with_ratios(
+      argc, argv,
+      {{"per call: checkpoint / no checkpoint (tiny block)", {"BM_Call_Checkpoint", "BM_Call_NoCheckpoint"}},
+       {"B/W split: session / graph-task (target <= 0.85)", {"BM_Split/Session", "BM_Split/GraphTask"}},
+       {"B/W split: prefire / graph-task", {"BM_Split/Prefire", "BM_Split/GraphTask"}},
+       {"B/W split: session / no checkpoint", {"BM_Split/Session", "BM_Split/None"}}});
+  auto& peaks = peak_bytes();
+  if (peaks.count(Split::kNone) && peaks[Split::kNone] > 0) {
+    const double none = double(peaks[Split::kNone]);
+    std::printf("  %-48s %.3f (1/layers = %.3f, plus the checkpoint inputs)\n",
+                "memory: graph-task peak / no checkpoint", peaks[Split::kGraphTask] / none, 1.0 / stage().config.layers);
+    std::printf("  %-48s %.3f\n", "memory: session peak / no checkpoint", peaks[Split::kSession] / none);
+  }
+  return rc;
+}
