@@ -19,6 +19,7 @@
 #include "ratio_reporter.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/Event.h>
 #include <torch/csrc/autograd/autograd.h>
 

@@ -47,15 +47,23 @@ class RatioReporter : public benchmark::ConsoleReporter {
     for (const auto& [label, pair] : ratios) {
       double num = ns(pair.first), den = ns(pair.second);
       if (num < 0 || den <= 0) {
-        std::printf("  %-48s skipped (%s or %s did not run)\n", label.c_str(), pair.first.c_str(),
+        std::printf("  %-50s skipped (%s or %s did not run)\n", label.c_str(), pair.first.c_str(),
                     pair.second.c_str());
         continue;
       }
-      std::printf("  %-48s %10.1f ns / %10.1f ns = %.3f\n", label.c_str(), num, den, num / den);
+      std::printf("  %-50s %12s / %12s = %.3f\n", label.c_str(), human(num).c_str(), human(den).c_str(), num / den);
     }
   }
 
  private:
+  static std::string human(double ns) {
+    char buf[32];
+    if (ns >= 1e6) std::snprintf(buf, sizeof buf, "%.2f ms", ns / 1e6);
+    else if (ns >= 1e3) std::snprintf(buf, sizeof buf, "%.2f us", ns / 1e3);
+    else std::snprintf(buf, sizeof buf, "%.1f ns", ns);
+    return buf;
+  }
+
   std::map<std::string, double> per_item_ns_;
   std::set<std::string> medians_;
 };

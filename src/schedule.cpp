@@ -61,6 +61,7 @@ const char* to_string(PrefireStatus status) {
 }
 
 bool attach(const CheckpointHandle& handle, SessionId id) {
+  PREFIRE_NVTX_RANGE("prefire::attach", id);
   detail::check_session_id(id, "attach");
   auto frame = detail::HandleAccess::frame(handle, "attach");
   if (!frame) return false;
