@@ -26,6 +26,7 @@ def main(bench: str) -> int:
         assert run.returncode == 0, f"prefire-bench exited {run.returncode}: {run.stderr}"
 
         report = json.loads((out / "r.json").read_text())
+        assert report["config"]["order"] == "zb", report["config"]
         labels = [m["label"] for m in report["modes"]]
         assert labels == MODES, labels
         for m in report["modes"]:

@@ -44,6 +44,7 @@ schedule in every checkpointing mode, and prints one row per mode.
 model:     --layers N (4)  --hidden N (192)  --heads N (6)  --seq N (128)
            --micro-batch N (2)  --dropout P (0.1)
 schedule:  --micro-batches N (4)  --steps N measured (5)  --warmup N (1)
+           --order zb|bw (zb: every B pass, then every W pass; bw: B then W per micro-batch)
 modes:     --modes LIST (none,graph-task,session,prefire,budget)
            --budgets LIST of fractions of the prefire mode's peak session bytes (0.25,0.5)
 machine:   --device auto|cpu|cuda (auto: cuda when present)  --threads N (1)  --seed N (0)
@@ -87,6 +88,10 @@ Options parse(int argc, char** argv) {
     else if (flag == "--threads") o.threads = integer(1);
     else if (flag == "--seed") o.run.seed = integer(0);
     else if (flag == "--device") o.device = v;
+    else if (flag == "--order") {
+      if (v != "zb" && v != "bw") throw std::invalid_argument("--order must be zb or bw, got " + v);
+      o.run.order = v == "zb" ? Order::kAllBThenW : Order::kInterleaved;
+    }
     else if (flag == "--json") o.json = v;
     else if (flag == "--plot") o.plot = v;
     else if (flag == "--trace") o.trace = v;
@@ -160,10 +165,11 @@ int main(int argc, char** argv) {
     at::set_num_threads(o.threads);
     const auto& c = o.run;
     const auto& m = c.model;
-    std::printf("prefire-bench: %d blocks (hidden %lld, %lld heads, seq %lld), %d micro-batches of %lld, dropout %.2f,"
-                " %d+%d steps, %s, %d thread(s)\n",
+    std::printf("prefire-bench: %d blocks (hidden %lld, %lld heads, seq %lld), %d micro-batches of %lld, order %s,"
+                " dropout %.2f, %d+%d steps, %s, %d thread(s)\n",
                 m.layers, (long long)m.hidden, (long long)m.heads, (long long)m.seq, c.micro_batches,
-                (long long)m.micro_batch, m.dropout, c.warmup, c.steps, c.device.str().c_str(), o.threads);
+                (long long)m.micro_batch, to_string(c.order), m.dropout, c.warmup, c.steps, c.device.str().c_str(),
+                o.threads);
 
     std::vector<std::pair<Mode, std::optional<double>>> plan = {{Mode::kNone, std::nullopt}};
     if (wants(o, "graph-task")) plan.push_back({Mode::kGraphTask, std::nullopt});

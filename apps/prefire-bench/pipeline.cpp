@@ -13,6 +13,8 @@
 
 namespace prefire_bench {
 
+const char* to_string(Order order) { return order == Order::kAllBThenW ? "zb" : "bw"; }
+
 const char* to_string(Mode mode) {
   switch (mode) {
     case Mode::kNone:
@@ -124,7 +126,7 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
           for (const auto& h : handles[mb]) prefire::attach(h, session(mb));
       }
       TensorList dx(mbs), dw;
-      for (int mb = 0; mb < mbs; ++mb) {  // B passes: dx, keeping the graph for W
+      auto b_pass = [&](int mb) {  // dx, keeping the graph for W
         if (prefires(mode)) {
           phase(trace, "prefire", mb, [&] {
             for (const auto& h : handles[mb]) prefire::prefire(h, session(mb));
@@ -135,8 +137,8 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
           if (uses_sessions(mode)) scope.emplace(session(mb), prefire::SessionOptions{/*retain_on_unpack=*/true});
           dx[mb] = torch::autograd::grad({y[mb]}, {x[mb]}, {gy[mb]}, /*retain_graph=*/true)[0];
         });
-      }
-      for (int mb = 0; mb < mbs; ++mb) {  // W passes: dw, releasing the graph
+      };
+      auto w_pass = [&](int mb) {  // dw, releasing the graph
         phase(trace, "W", mb, [&] {
           std::optional<prefire::SessionScope> scope;
           if (uses_sessions(mode)) scope.emplace(session(mb), prefire::SessionOptions{/*retain_on_unpack=*/false});
@@ -151,6 +153,15 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
         if (uses_sessions(mode)) {
           result.peak_session_bytes = std::max(result.peak_session_bytes, prefire::session_stats(session(mb)).peak_bytes);
           phase(trace, "clear", mb, [&] { prefire::clear_session(session(mb)); });
+        }
+      };
+      if (config.order == Order::kAllBThenW) {
+        for (int mb = 0; mb < mbs; ++mb) b_pass(mb);
+        for (int mb = 0; mb < mbs; ++mb) w_pass(mb);
+      } else {
+        for (int mb = 0; mb < mbs; ++mb) {
+          b_pass(mb);
+          w_pass(mb);
         }
       }
       {

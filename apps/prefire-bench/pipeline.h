@@ -1,8 +1,8 @@
 #pragma once
 
-// One pipeline stage trained through a zero-bubble style schedule: forward
-// of every micro-batch, then a B pass (dx) per micro-batch, then a W pass
-// (dw) per micro-batch, then an SGD step, in one of several modes.
+// One pipeline stage trained through a split-backward schedule: forward of
+// every micro-batch, then a B pass (dx) and a W pass (dw) per micro-batch in
+// one of two orders, then an SGD step, in one of several modes.
 
 #include "model.h"
 #include "trace.h"
@@ -26,6 +26,13 @@ enum class Mode {
 };
 const char* to_string(Mode mode);
 
+/// When the W passes run.
+enum class Order {
+  kAllBThenW,    // "zb": every B, then every W (zero-bubble style: W fills bubbles late)
+  kInterleaved,  // "bw": B then W of each micro-batch in turn
+};
+const char* to_string(Order order);
+
 struct RunConfig {
   ModelConfig model;
   int micro_batches = 4;
@@ -33,6 +40,7 @@ struct RunConfig {
   int warmup = 1;  // steps before measuring
   uint64_t seed = 0;
   double lr = 1e-3;
+  Order order = Order::kAllBThenW;
   at::Device device = at::Device(at::kCPU);
 };
 

@@ -51,7 +51,8 @@ void write_json(const std::string& path, const RunConfig& c, const std::vector<M
   out << "{\n  \"config\": {\"layers\": " << m.layers << ", \"hidden\": " << m.hidden << ", \"heads\": " << m.heads
       << ", \"seq\": " << m.seq << ", \"micro_batch\": " << m.micro_batch << ", \"micro_batches\": " << c.micro_batches
       << ", \"steps\": " << c.steps << ", \"warmup\": " << c.warmup << ", \"dropout\": " << m.dropout
-      << ", \"seed\": " << c.seed << ", \"device\": \"" << c.device.str() << "\"},\n  \"modes\": [\n";
+      << ", \"seed\": " << c.seed << ", \"order\": \"" << to_string(c.order) << "\", \"device\": \""
+      << c.device.str() << "\"},\n  \"modes\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     auto s = spread(r.step_ms);
@@ -89,7 +90,8 @@ void write_svg(const std::string& path, const RunConfig& c, const std::vector<Mo
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << width / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">prefire-bench: "
       << (c.device.is_cuda() ? "peak allocated" : "peak saved-tensor") << " memory vs step time ("
-      << c.model.layers << " layers, " << c.micro_batches << " micro-batches, " << c.device.str() << ")</text>\n";
+      << c.model.layers << " layers, " << c.micro_batches << " micro-batches, order " << to_string(c.order) << ", "
+      << c.device.str() << ")</text>\n";
   // Axes with five ticks each.
   out << "<line x1=\"" << left << "\" y1=\"" << height - bottom << "\" x2=\"" << width - right << "\" y2=\""
       << height - bottom << "\" stroke=\"black\"/>\n<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left
