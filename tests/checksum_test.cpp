@@ -55,13 +55,9 @@ TEST(Checksum, CheckpointChecksumModeCatchesDropoutWithoutRngRestore) {
   options.preserve_rng_state = false;
   options.determinism_check = DeterminismCheck::kChecksum;
   auto y = checkpoint(fn, {x}, options)[0];
-  try {
-    grads(y, {x});
-    FAIL() << "expected CheckpointError";
-  } catch (const CheckpointError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("other values in the recomputation than in forward"));
-    EXPECT_THAT(e.what(), HasSubstr("checksum 0x"));
-  }
+  const std::string message = message_of([&] { grads(y, {x}); });
+  EXPECT_THAT(message, HasSubstr("other values in the recomputation than in forward"));
+  EXPECT_THAT(message, HasSubstr("checksum 0x"));
   options.determinism_check = DeterminismCheck::kMetadata;  // the same bug passes the metadata check
   auto y2 = checkpoint(fn, {x}, options)[0];
   EXPECT_NO_THROW(grads(y2, {x}));

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <string>
 #include <vector>
 
 namespace prefire::testing {
@@ -85,6 +86,19 @@ inline void expect_all_equal(const TensorList& a, const TensorList& b) {
 inline TensorList concat(TensorList a, const TensorList& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+/// The message of the `E` that `f` throws; a test failure (and "") when `f`
+/// throws nothing.
+template <typename E = CheckpointError, typename F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
 }
 
 /// Weak references to storages, to see whether anything still holds them.

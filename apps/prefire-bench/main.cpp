@@ -74,7 +74,9 @@ Options parse(int argc, char** argv) {
     auto integer = [&](long lo) {
       size_t used = 0;
       long x = std::stol(v, &used);
-      if (used != v.size() || x < lo) throw std::invalid_argument(flag + " must be an integer >= " + std::to_string(lo) + ", got " + v);
+      if (used != v.size() || x < lo) {
+        throw std::invalid_argument(flag + " must be an integer >= " + std::to_string(lo) + ", got " + v);
+      }
       return x;
     };
     if (flag == "--layers") m.layers = integer(1);
