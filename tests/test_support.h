@@ -83,6 +83,18 @@ inline void expect_all_equal(const TensorList& a, const TensorList& b) {
   }
 }
 
+/// For GPU results, where kernels may be chosen per stream: close, not
+/// identical. A wrong dropout mask or a wrong dtype is far outside these.
+inline void expect_all_close(const TensorList& a, const TensorList& b, double rtol = 1e-5, double atol = 1e-6) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].defined(), b[i].defined()) << "gradient " << i;
+    if (!a[i].defined()) continue;
+    EXPECT_TRUE(at::allclose(a[i], b[i], rtol, atol)) << "gradient " << i << " differs, max |diff| = "
+                                                      << (a[i] - b[i]).abs().max().item<double>();
+  }
+}
+
 inline TensorList concat(TensorList a, const TensorList& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;

@@ -34,9 +34,8 @@ c10::MempoolId_t session_pool(c10::DeviceIndex device) {
   auto it = pools().find(device);
   if (it != pools().end()) return it->second;
   c10::MempoolId_t id = at::cuda::graph_pool_handle();
-  // The owner reference: creates the pool with use count 1 (see Note [Session buffer pool]).
-  c10::cuda::CUDACachingAllocator::beginAllocateToPool(device, id, [](cudaStream_t) { return false; });
-  c10::cuda::CUDACachingAllocator::endAllocateToPool(device, id);
+  // The owner reference: the pool exists with use count 1 (see Note [Session buffer pool]).
+  c10::cuda::CUDACachingAllocator::createOrIncrefPool(device, id);
   pools().emplace(device, id);
   return id;
 }

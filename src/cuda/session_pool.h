@@ -13,8 +13,9 @@
 // filter matching the prefire stream only, so allocations of other threads
 // and streams are untouched, and endAllocateToPool() after the recomputation.
 // The pool is reference-counted by the allocator: prefire keeps one owner
-// reference from creation and takes and drops one per prefire; releasePool()
-// drops the owner reference at teardown (release_session_pools()).
+// reference from creation (createOrIncrefPool), each prefire takes one
+// (beginAllocateToPool increments) and drops it (releasePool) when it ends;
+// release_session_pools() drops the owner reference at teardown.
 // Limitations: the pool's memory is not available to the rest of the program
 // while it is reserved; empty_cache() returns it once it is unused.
 
