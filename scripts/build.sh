@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=$(scripts/setup.sh --print-python)
+# ccache: paths relative to the checkout, so clones in other folders (CI)
+# hit the cache that earlier builds filled.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
 build_dir="${PREFIRE_BUILD_DIR:-build}"
 cmake -G Ninja -S . -B "$build_dir" -Wno-dev \
   -DPREFIRE_PYTHON="$python" \
