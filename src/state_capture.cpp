@@ -100,6 +100,12 @@ StateRestoreGuard::StateRestoreGuard(const CapturedState& state)
     if (state.rng) state.rng->apply();
     if (state.cuda_device) cuda_guard_impl()->setDevice(*state.cuda_device);
     state.autocast.apply();
+    // Like entering an autocast region: the weight casts it caches are
+    // dropped when the outermost region ends (restore()).
+    if (state.autocast.cpu_enabled || state.autocast.cuda_enabled) {
+      at::autocast::increment_nesting();
+      autocast_nested_ = true;
+    }
   } catch (...) {
     restore();
     throw;
@@ -110,6 +116,7 @@ StateRestoreGuard::~StateRestoreGuard() { restore(); }
 
 void StateRestoreGuard::restore() noexcept {
   // Teardown never throws: try every step, report what failed.
+  if (autocast_nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   saved_autocast_.apply();  // thread-local setters; cannot fail
   if (saved_device_) cuda_guard_impl()->uncheckedSetDevice(*saved_device_);
   if (saved_rng_) {

@@ -9,7 +9,9 @@
 // back afterwards, on success and on exception. Generators are read and
 // written under their own mutex. The CPU generator is process-wide: two threads
 // recomputing random functions at once race on it as they would without
-// prefire. Autocast settings are thread-local and need no lock.
+// prefire. Autocast settings are thread-local and need no lock; a
+// recomputation under autocast counts as an autocast region (nesting), so the
+// casts it caches are cleared when it ends, as at the end of forward's region.
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -67,6 +69,7 @@ class StateRestoreGuard {
   std::optional<RngState> saved_rng_;
   AutocastState saved_autocast_;
   std::optional<c10::Device> saved_device_;
+  bool autocast_nested_ = false;  // entered an autocast region; leave it in restore()
 };
 
 }  // namespace prefire::detail

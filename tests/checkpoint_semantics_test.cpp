@@ -136,6 +136,8 @@ TEST(CheckpointSemantics, CpuAutocastReappliedInRecomputeOutsideAutocast) {
   // metadata check would raise; with it, gradients match bit for bit.
   expect_all_equal(grads(y, {x, w}), expected);
   EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU)) << "recompute leaked its autocast state";
+  EXPECT_EQ(at::autocast::increment_nesting(), 1) << "recompute left an autocast region open";
+  at::autocast::decrement_nesting();
 }
 
 // ---- context hooks --------------------------------------------------------------
