@@ -12,10 +12,6 @@ namespace prefire::detail {
 /// (Engine::queue_callback). Only valid inside a backward.
 void queue_graph_task_callback(std::function<void()> callback);
 
-}  // namespace prefire::detail
-
-namespace prefire::detail {
-
 /// Id of the backward graph task running on this thread, or -1 outside
 /// backward.
 int64_t current_graph_task_id();

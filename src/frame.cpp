@@ -291,14 +291,24 @@ Frame::SessionEntry Frame::session_entry() const {
   return session_;
 }
 
+namespace {
+void check_registrable(const Session* registered, const Session& session) {
+  if (registered != nullptr && registered != &session) {
+    throw CheckpointError(cat("prefire: this checkpoint is registered to session ", registered->id, "; clear_session(",
+                              registered->id, ") before registering it to session ", session.id));
+  }
+}
+}  // namespace
+
+void Frame::check_registrable_to(const Session& session) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_registrable(session_.session, session);
+}
+
 bool Frame::attach(Session& session) {
   std::lock_guard<std::mutex> lock(mu_);
   if (session_.session == &session) return false;
-  if (session_.session != nullptr) {
-    throw CheckpointError(cat("prefire: this checkpoint is registered to session ", session_.session->id,
-                              "; clear_session(", session_.session->id, ") before registering it to session ",
-                              session.id));
-  }
+  check_registrable(session_.session, session);
   session_ = SessionEntry{&session, std::make_shared<Recomputation>(session.bytes)};
   return true;
 }

@@ -68,8 +68,10 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   void release_slot(size_t slot) noexcept;
 
   // ---- sessions (see Note [Session binding] in session.h) ----
+  /// Raises CheckpointError when the frame is registered to another session.
+  void check_registrable_to(const Session& session) const;
   /// Registers the frame to `session`. False when it already was; raises
-  /// CheckpointError when it is registered to another session.
+  /// like check_registrable_to.
   bool attach(Session& session);
   /// Unregisters from `session` and drops its recomputation (no-op otherwise).
   void detach(Session& session) noexcept;

@@ -79,6 +79,7 @@ PrefireStatus prefire(const CheckpointHandle& handle, SessionId id) {
   auto session = detail::session_for(id);
   {
     std::lock_guard<std::mutex> lock(session->mu);
+    frame->check_registrable_to(*session);  // before the budget: a conflict is an error, not a refusal
     if (!frame->resident_in(*session) && session->budget &&
         session->bytes->current() + frame->expected_bytes() > *session->budget) {
       session->refused_prefires.fetch_add(1, std::memory_order_relaxed);

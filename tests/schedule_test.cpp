@@ -371,6 +371,9 @@ TEST(Schedule, CheckpointRegisteredToAnotherSessionRaises) {
   prefire(handles[0], 42);
   const std::string message = message_of([&] { prefire(handles[0], 43); });
   EXPECT_THAT(message, HasSubstr("registered to session 42"));
+  set_session_budget(43, 0);  // the conflict is reported even where the budget would refuse
+  EXPECT_THROW(prefire(handles[0], 43), CheckpointError);
+  set_session_budget(43, std::nullopt);
   clear_session(42);
   EXPECT_EQ(prefire(handles[0], 43), PrefireStatus::kRecomputed);
   clear_session(43);
