@@ -4,7 +4,6 @@
 
 #include "../profiling/nvtx.h"
 #include "frame.h"
-#include "hook_stack.h"
 #include "schedule_internal.h"
 #include "session.h"
 
@@ -61,24 +60,22 @@ void validate(const CheckpointFn& fn, const CheckpointOptions& options) {
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const CheckpointOptions& options) {
   validate(fn, options);
   if (!c10::GradMode::is_enabled()) return fn(inputs);
-  if (detail::session_scope_open_on_this_thread() || detail::scheduled_recompute_on_this_thread()) {
+  // Inside a recomputation a checkpoint belongs to the recomputation's own
+  // graph (a nested checkpoint being recomputed), not to the user's forward.
+  if (detail::session_scope_open_on_this_thread() && !detail::recomputing_on_this_thread()) {
     throw CheckpointError(
-        "prefire::checkpoint: nested checkpoint under scheduled recomputation: a checkpoint was created while a "
-        "SessionScope is open on this thread or while a session recomputes; sessions support checkpoints that "
-        "do not nest. Run this forward outside the SessionScope, or checkpoint at one level only");
+        "prefire::checkpoint: a checkpoint was created while a SessionScope is open on this thread; a session "
+        "scope is for the backward passes of checkpoints made before it. Run this forward outside the "
+        "SessionScope");
   }
 
   PREFIRE_NVTX_RANGE("prefire::checkpoint", -1);
   auto frame = std::make_shared<detail::Frame>(fn, inputs, options);
-  TensorList outputs;
-  {
-    ContextGuard user = options.context_fn.forward ? options.context_fn.forward() : nullptr;
-    detail::HookContextScope scope(frame.get());
-    outputs = fn(inputs);
-  }
-  frame->finish_forward();
-  // A frame that saved nothing is owned by nothing and goes away here.
-  if (frame->num_slots() > 0 && !detail::recomputing_on_this_thread()) detail::collect(frame);
+  auto [outputs, nested] = frame->forward(inputs);
+  // A frame that saved nothing is owned by nothing and goes away here. A
+  // nested one is scheduled with its outermost checkpoint; see Note [Nested
+  // checkpoints in sessions] in schedule.cpp.
+  if (frame->num_slots() > 0 && !nested && !detail::recomputing_on_this_thread()) detail::collect(frame);
   return outputs;
 }
 

@@ -8,8 +8,11 @@
 // otherwise, so a saved tensor outside checkpoints costs one thread-local read.
 //
 // Limitations: the engine must be installed before the first backward (the
-// base engine's worker threads keep serving the base engine), and not inside a
-// Python process, whose engine is installed at import.
+// base engine's worker threads keep serving the base engine). It replaces
+// only torch's base engine: when another engine is the default (PyTorch's
+// Python engine, installed when torch is imported into a Python process, or
+// another library's), install() refuses. Replacing it would silently switch
+// off everything that engine does; Python's saved_tensors_hooks, for one.
 
 #include <prefire/install.h>
 
@@ -22,6 +25,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <stdexcept>
 
 namespace prefire {
 namespace detail {
@@ -83,11 +87,19 @@ int64_t current_graph_task_id() { return torch::autograd::get_current_graph_task
 }  // namespace detail
 
 void install() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    torch::autograd::set_default_engine_stub(&detail::PrefireEngine::stub);
-    detail::g_installed.store(true, std::memory_order_release);
-  });
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (detail::g_installed.load(std::memory_order_relaxed)) return;
+  using torch::autograd::Engine;
+  if (&Engine::get_default_engine() != &Engine::get_base_engine()) {
+    throw std::logic_error(
+        "prefire::install: the process's default autograd engine is not torch's base engine (inside a Python "
+        "process it is PyTorch's Python engine); prefire will not replace it, since that would switch off what "
+        "it does. In Python, use the prefire Python package; in C++, call prefire::install() before anything "
+        "else installs an engine");
+  }
+  torch::autograd::set_default_engine_stub(&detail::PrefireEngine::stub);
+  detail::g_installed.store(true, std::memory_order_release);
 }
 
 bool is_installed() {

@@ -2,17 +2,26 @@
 // A frame is owned by the tensors it packed: every SavedVariable autograd made
 // inside the checkpoint holds a SlotRef, and each SlotRef holds the frame. When
 // the graph is freed, the SlotRefs go and the frame with them. Nothing else
-// owns a frame (handles handed to schedulers are weak), so a frame never
-// outlives its graph and holds no cycle: its saved inputs were made before it
-// existed and point only backwards.
+// owns a frame (handles handed to schedulers and a parent's list of nested
+// checkpoints are weak), so a frame never outlives its graph and holds no
+// cycle: its saved inputs were made before it existed and point only
+// backwards. A slot whose SavedVariable autograd already freed is not stored
+// by any recomputation.
 //
-// A recomputation is stored per key. Without a session the key is the backward
-// graph task: its tensors leave one by one as autograd unpacks them, and those
-// the graph task never unpacks (partial backward) are dropped when it ends,
-// through Engine::queue_callback. A frame registered to a session keeps one
-// recomputation for it, which lives until clear_session() (or until each
-// tensor's unpack with retain_on_unpack=false). A slot whose SavedVariable
-// autograd already freed is not stored at all.
+// Note [Recomputation keys]
+// An unpack is served from exactly one recomputation, chosen in this order:
+//   1. the session's, when the frame is bound to its registered session (a
+//      SessionScope of it is open), or when a prefire of that session runs on
+//      this thread (the inputs of a nested checkpoint come from its parent);
+//      kept as the scope's retain_on_unpack says, until clear_session();
+//   2. the backward graph task's: its tensors leave one by one as autograd
+//      unpacks them, and those it never unpacks (partial backward) are dropped
+//      when the graph task ends, through Engine::queue_callback;
+//   3. outside backward, a private one for this unpack alone.
+// Whatever the key, the path is the same: find the recomputation, compute it
+// once (compute_once, Note [Single-flight recomputation]), take the slot. The
+// frame writes its session's counters through the entry the session layer
+// gave it and never calls into the session layer.
 
 #include "frame.h"
 
@@ -23,7 +32,6 @@
 #include "cuda/prefire_stream.h"
 #include "engine.h"
 #include "observer_internal.h"
-#include "session.h"
 
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -99,28 +107,36 @@ std::string cat(const Args&... args) {
 }
 
 thread_local int tls_recompute_depth = 0;
-thread_local int tls_scheduled_depth = 0;
+thread_local Frame* tls_forward = nullptr;  // innermost frame whose forward runs on this thread
+thread_local const SessionCore* tls_prefire_session = nullptr;
 
-// Marks this thread as recomputing (into a session when `scheduled`).
+// Marks this thread as recomputing. Checkpoints created inside a
+// recomputation are nested in nothing: they belong to the recomputation's
+// throw-away graph, not to a forward.
 class RecomputeDepthGuard {
  public:
-  explicit RecomputeDepthGuard(bool scheduled) : scheduled_(scheduled) {
+  RecomputeDepthGuard() : forward_(tls_forward) {
     ++tls_recompute_depth;
-    tls_scheduled_depth += scheduled_ ? 1 : 0;
+    tls_forward = nullptr;
   }
   ~RecomputeDepthGuard() {
     --tls_recompute_depth;
-    tls_scheduled_depth -= scheduled_ ? 1 : 0;
+    tls_forward = forward_;
   }
 
  private:
-  bool scheduled_;
+  Frame* forward_;
 };
 
 }  // namespace
 
 bool recomputing_on_this_thread() { return tls_recompute_depth > 0; }
-bool scheduled_recompute_on_this_thread() { return tls_scheduled_depth > 0; }
+
+PrefireSessionScope::PrefireSessionScope(const SessionCore* session) noexcept : previous_(tls_prefire_session) {
+  tls_prefire_session = session;
+}
+
+PrefireSessionScope::~PrefireSessionScope() { tls_prefire_session = previous_; }
 
 // ---- SlotMetadata ---------------------------------------------------------------
 
@@ -198,12 +214,36 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
   return std::make_unique<SlotRef>(shared_from_this(), slot);
 }
 
-void Frame::finish_forward() {
+std::pair<TensorList, bool> Frame::forward(const TensorList& inputs) {
+  Frame* const parent = tls_forward;
+  TensorList outputs;
+  {
+    tls_forward = this;
+    struct Restore {
+      Frame* parent;
+      ~Restore() { tls_forward = parent; }
+    } restore{parent};
+    ContextGuard user = options_.context_fn.forward ? options_.context_fn.forward() : nullptr;
+    HookContextScope scope(this);
+    outputs = fn_(inputs);
+  }
   num_slots_ = metadata_.size();
   forward_uncounted_.clear();
   forward_counted_.clear();
   forward_pins_.clear();
   forward_done_.store(true, std::memory_order_release);
+  if (parent != nullptr && num_slots_ > 0) parent->nested_.push_back(weak_from_this());
+  return {std::move(outputs), parent != nullptr};
+}
+
+std::vector<std::shared_ptr<Frame>> Frame::with_nested() {
+  std::vector<std::shared_ptr<Frame>> all{shared_from_this()};
+  for (size_t i = 0; i < all.size(); ++i) {  // breadth first: parents before children
+    for (const auto& weak : all[i]->nested_) {
+      if (auto frame = weak.lock()) all.push_back(std::move(frame));
+    }
+  }
+  return all;
 }
 
 void Frame::release_slot(size_t slot) noexcept {
@@ -220,48 +260,44 @@ at::Tensor Frame::unpack(size_t slot) {
         "function returned (a backward inside the checkpointed function is not supported); run that "
         "backward outside the checkpoint");
   }
-  if (Session* session = bound_.load(std::memory_order_acquire)) return unpack_from_session(*session, slot);
+  // See Note [Recomputation keys].
+  if (std::optional<SessionUnpack> s = session_for_unpack()) {
+    SessionCore& session = *s->entry->session;
+    Recomputation& r = s->entry->recomputation;
+    std::optional<RecomputeEvent> event = compute_once(r, RecomputeEvent::Kind::kLazy, session.id);
+    (event ? session.lazy_recomputes : session.hits).fetch_add(1, std::memory_order_relaxed);
+    if (event) notify_recompute(*event);
+    return take(r, slot, s->retain, session.id);
+  }
   const int64_t graph_task = current_graph_task_id();
   if (graph_task < 0) {
-    // Outside backward: a private key, recomputed for this unpack alone.
     Recomputation r;
-    recompute(r, /*session=*/-1, nullptr);
-    return take(r, slot, /*retain=*/false, nullptr);
+    if (auto event = compute_once(r, RecomputeEvent::Kind::kLazy, std::nullopt)) notify_recompute(*event);
+    return take(r, slot, /*retain=*/false, std::nullopt);
   }
   std::shared_ptr<Recomputation> r = recomputation_for(graph_task);
-  std::lock_guard<std::mutex> lock(r->mu);
-  if (!r->done) {
-    recompute(*r, /*session=*/-1, nullptr);
-    r->done = true;
-  }
-  return take(*r, slot, /*retain=*/false, nullptr);
+  if (auto event = compute_once(*r, RecomputeEvent::Kind::kLazy, std::nullopt)) notify_recompute(*event);
+  return take(*r, slot, /*retain=*/false, std::nullopt);
 }
 
-at::Tensor Frame::unpack_from_session(Session& session, size_t slot) {
-  std::shared_ptr<Recomputation> r = session_entry().recomputation;
-  TORCH_INTERNAL_ASSERT(r, "a frame bound to session ", session.id, " has no recomputation for it");
-  std::lock_guard<std::mutex> lock(r->mu);
-  if (!r->done) {
-    recompute(*r, session.id, nullptr);
-    r->done = true;
-    session.lazy_recomputes.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    session.hits.fetch_add(1, std::memory_order_relaxed);
+std::optional<Frame::SessionUnpack> Frame::session_for_unpack() const {
+  if (bound_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bound_.load(std::memory_order_relaxed) && registered_) {
+      return SessionUnpack{registered_, registered_->session->retain_on_unpack.load(std::memory_order_acquire)};
+    }
   }
-  return take(*r, slot, session.retain_on_unpack.load(std::memory_order_acquire), &session);
+  if (const SessionCore* prefiring = tls_prefire_session) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (registered_ && registered_->session.get() == prefiring) return SessionUnpack{registered_, /*retain=*/true};
+  }
+  return std::nullopt;
 }
 
 std::shared_ptr<Recomputation> Frame::recomputation_for(int64_t graph_task) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [id, r] : graph_tasks_) {
-      if (id == graph_task) return r;
-    }
-  }
-  // First unpack of this frame in this graph task. Another device thread of
-  // the same task may get here at the same time: look again under the lock.
   auto fresh = std::make_shared<Recomputation>();
   {
+    // Another device thread of the same graph task may get here at once.
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, r] : graph_tasks_) {
       if (id == graph_task) return r;
@@ -284,62 +320,63 @@ void Frame::drop(int64_t graph_task) noexcept {
   graph_tasks_.erase(it);
 }
 
+at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session) {
+  TORCH_INTERNAL_ASSERT(slot < num_slots_, "slot ", slot, " out of range ", num_slots_);
+  std::optional<at::Tensor> t = r.take(slot, retain);
+  if (!t) {
+    if (session) {
+      throw CheckpointError(cat(
+          "prefire: saved tensor ", slot, " of a checkpoint in session ", *session,
+          " was unpacked again after an unpack released it (retain_on_unpack=false). Open the SessionScope of "
+          "every pass but the last with retain_on_unpack=true"));
+    }
+    throw CheckpointError(cat(
+        "prefire::checkpoint: saved tensor ", slot, " of a checkpoint was unpacked a second time in this backward; "
+        "a recomputed tensor is handed out once per backward. Read saved tensors once per backward "
+        "(e.g. keep the result of get_saved_variables() instead of calling it twice)"));
+  }
+  if (!t->defined()) {
+    throw CheckpointError(cat(
+        "prefire::checkpoint: saved tensor ", slot, " was not produced by the recomputation (it saved fewer "
+        "tensors than forward, and determinism_check = none let that pass)"));
+  }
+  if (r.ready()) r.ready()->hand_over(*t);  // See Note [Stream ordering of prefire]
+  return std::move(*t);
+}
+
 // ---- Frame: sessions --------------------------------------------------------------
 
-Frame::SessionEntry Frame::session_entry() const {
+std::pair<std::shared_ptr<SessionEntry>, bool> Frame::register_to(const std::shared_ptr<SessionCore>& session) {
   std::lock_guard<std::mutex> lock(mu_);
-  return session_;
-}
-
-namespace {
-void check_registrable(const Session* registered, const Session& session) {
-  if (registered != nullptr && registered != &session) {
-    throw CheckpointError(cat("prefire: this checkpoint is registered to session ", registered->id, "; clear_session(",
-                              registered->id, ") before registering it to session ", session.id));
+  if (registered_) {
+    if (registered_->session == session) return {registered_, false};
+    const SessionId other = registered_->session->id;
+    throw CheckpointError(cat("prefire: this checkpoint is registered to session ", other, "; clear_session(", other,
+                              ") before registering it to session ", session->id));
   }
+  registered_ = std::make_shared<SessionEntry>(session);
+  return {registered_, true};
 }
-}  // namespace
 
-void Frame::check_registrable_to(const Session& session) const {
+void Frame::unregister_from(const SessionCore& session) noexcept {
+  std::shared_ptr<SessionEntry> dropped;  // released after the lock
   std::lock_guard<std::mutex> lock(mu_);
-  check_registrable(session_.session, session);
+  if (!registered_ || registered_->session.get() != &session) return;
+  bound_.store(false, std::memory_order_release);
+  dropped = std::move(registered_);
 }
 
-bool Frame::attach(Session& session) {
+void Frame::bind(bool bound) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  if (session_.session == &session) return false;
-  check_registrable(session_.session, session);
-  session_ = SessionEntry{&session, std::make_shared<Recomputation>(session.bytes)};
-  return true;
+  bound_.store(bound && registered_ != nullptr, std::memory_order_release);
 }
 
-void Frame::detach(Session& session) noexcept {
-  SessionEntry dropped;  // released after the lock
-  std::lock_guard<std::mutex> lock(mu_);
-  if (session_.session != &session) return;
-  bound_.store(nullptr, std::memory_order_release);
-  dropped = std::move(session_);
-  session_ = SessionEntry{};
-}
-
-bool Frame::resident_in(Session& session) const {
-  SessionEntry entry = session_entry();
-  if (entry.session != &session) return false;
-  std::lock_guard<std::mutex> lock(entry.recomputation->mu);
-  return entry.recomputation->done;
-}
-
-bool Frame::prefire() {
-  SessionEntry entry = session_entry();
-  std::shared_ptr<Recomputation> r = entry.recomputation;
-  TORCH_INTERNAL_ASSERT(r, "prefire of a frame registered to no session");
-  std::lock_guard<std::mutex> lock(r->mu);
-  if (r->done) return false;
-  PrefireRun run(prefire_device_);  // See Note [Stream ordering of prefire]
-  if (run.on_device()) r->count_pool_bytes_in(entry.session->pool_bytes);
-  recompute(*r, entry.session->id, &run);
-  r->ready = run.finish();
-  r->done = true;
+bool Frame::prefire(SessionEntry& entry) {
+  std::optional<RecomputeEvent> event =
+      compute_once(entry.recomputation, RecomputeEvent::Kind::kPrefire, entry.session->id);
+  if (!event) return false;
+  entry.session->prefires.fetch_add(1, std::memory_order_relaxed);
+  notify_recompute(*event);
   return true;
 }
 
@@ -414,66 +451,55 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
   return options_.early_stop && index + 1 == num_slots_;
 }
 
-void Frame::recompute(Recomputation& r, int64_t session, PrefireRun* run) {
-  PREFIRE_NVTX_RANGE(run != nullptr ? "prefire::recompute(prefire)" : "prefire::recompute(lazy)", session);
+std::optional<RecomputeEvent> Frame::compute_once(Recomputation& r, RecomputeEvent::Kind kind,
+                                                  std::optional<SessionId> session) {
+  if (r.done()) return std::nullopt;
+  // Taken before the single flight is claimed; see Note [Recomputations that
+  // restore generators] in state_capture.h.
+  std::unique_lock<std::recursive_mutex> generators;
+  if (state_.rng) generators = lock_generators();
+  std::optional<RecomputeEvent> event;
+  r.ensure([&] { event = recompute(r, kind, session); });
+  return event;
+}
+
+RecomputeEvent Frame::recompute(Recomputation& r, RecomputeEvent::Kind kind, std::optional<SessionId> session) {
+  const bool prefiring = kind == RecomputeEvent::Kind::kPrefire;
+  PREFIRE_NVTX_RANGE(prefiring ? "prefire::recompute(prefire)" : "prefire::recompute(lazy)", session.value_or(-1));
   const auto begin = std::chrono::steady_clock::now();
   r.reset(num_slots_);
   RecomputeCapture capture(*this, r);
-  try {
-    RecomputeDepthGuard depth(/*scheduled=*/session >= 0);
+  {
+    RecomputeDepthGuard depth;
     TensorList args = recompute_inputs();
-    if (run != nullptr) {
+    // A prefire runs on the device's prefire stream; see Note [Stream ordering of prefire].
+    std::optional<PrefireRun> run;
+    if (prefiring) {
+      run.emplace(prefire_device_);
       for (const auto& arg : args) run->use(arg);
+      if (run->on_device()) r.count_in_pool();
     }
-    StateRestoreGuard state(state_);  // See Note [Restoring state for recompute]
-    c10::AutoGradMode grad_mode(true);
-    ContextGuard user = options_.context_fn.recompute ? options_.context_fn.recompute() : nullptr;
-    HookContextScope scope(&capture);
-    try {
-      fn_(args);
-    } catch (const StopRecompute&) {
+    {
+      StateRestoreGuard state(state_);  // See Note [Restoring state for recompute]
+      c10::AutoGradMode grad_mode(true);
+      ContextGuard user = options_.context_fn.recompute ? options_.context_fn.recompute() : nullptr;
+      HookContextScope scope(&capture);
+      try {
+        fn_(args);
+      } catch (const StopRecompute&) {
+      }
     }
-  } catch (...) {
-    r.reset(0);
-    throw;
+    if (run) r.set_ready(run->finish());
   }
   count_recomputation();
   if (!capture.stopped() && capture.count() < num_slots_ &&
       options_.determinism_check != DeterminismCheck::kNone) {
-    r.reset(0);
     throw CheckpointError(cat(
         "prefire::checkpoint: the recomputation saved fewer tensors than forward did (forward saved ",
         num_slots_, ", recompute ", capture.count(),
         "): the checkpointed function does not do the same work when called again"));
   }
-  if (has_recompute_observer()) {
-    notify_recompute(RecomputeEvent{run != nullptr ? RecomputeEvent::Kind::kPrefire : RecomputeEvent::Kind::kLazy,
-                                    session, begin, std::chrono::steady_clock::now()});
-  }
-}
-
-at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, const Session* session) {
-  TORCH_INTERNAL_ASSERT(slot < num_slots_, "slot ", slot, " out of range ", num_slots_);
-  if (r.consumed(slot)) {
-    if (session != nullptr) {
-      throw CheckpointError(cat(
-          "prefire: saved tensor ", slot, " of a checkpoint in session ", session->id,
-          " was unpacked again after an unpack released it (retain_on_unpack=false). Open the SessionScope of "
-          "every pass but the last with retain_on_unpack=true"));
-    }
-    throw CheckpointError(cat(
-        "prefire::checkpoint: saved tensor ", slot, " of a checkpoint was unpacked a second time in this backward; "
-        "a recomputed tensor is handed out once per backward. Read saved tensors once per backward "
-        "(e.g. keep the result of get_saved_variables() instead of calling it twice)"));
-  }
-  at::Tensor t = r.take(slot, retain);
-  if (!t.defined()) {
-    throw CheckpointError(cat(
-        "prefire::checkpoint: saved tensor ", slot, " was not produced by the recomputation (it saved fewer "
-        "tensors than forward, and determinism_check = none let that pass)"));
-  }
-  if (r.ready) r.ready->hand_over(t);  // See Note [Stream ordering of prefire]
-  return t;
+  return RecomputeEvent{kind, session.value_or(-1), begin, std::chrono::steady_clock::now()};
 }
 
 }  // namespace prefire::detail

@@ -1,30 +1,31 @@
 #pragma once
 
 // A checkpoint frame: one call of prefire::checkpoint() and everything needed
-// to recompute it. See Note [Frame lifetime] in frame.cpp.
+// to recompute it. See Note [Frame lifetime] and Note [Recomputation keys] in
+// frame.cpp.
 
 #include <prefire/checkpoint.h>
+#include <prefire/observer.h>
 
 #include "hook_stack.h"
 #include "recomputation.h"
+#include "session_entry.h"
 #include "state_capture.h"
 
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <atomic>
-#include <optional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace prefire::detail {
-
-class Session;
-class PrefireRun;
 
 /// What the determinism check compares per saved tensor.
 struct SlotMetadata {
@@ -39,67 +40,86 @@ struct SlotMetadata {
   std::string to_string() const;
 };
 
-/// Whether recomputation runs on this thread, and whether into a session.
+/// Whether a recomputation runs on this thread.
 bool recomputing_on_this_thread();
-bool scheduled_recompute_on_this_thread();
+
+/// While it lives, an unpack on this thread of a checkpoint registered to
+/// `session` is served from the session even when no scope binds it: the
+/// inputs of a nested checkpoint that a prefire of `session` recomputes come
+/// from its parent's recomputation in the same session.
+class PrefireSessionScope {
+ public:
+  explicit PrefireSessionScope(const SessionCore* session) noexcept;
+  ~PrefireSessionScope();
+  PrefireSessionScope(const PrefireSessionScope&) = delete;
+  PrefireSessionScope& operator=(const PrefireSessionScope&) = delete;
+
+ private:
+  const SessionCore* previous_;
+};
 
 class Frame final : public HookContext, public std::enable_shared_from_this<Frame> {
  public:
-  /// Captures RNG/autocast/device state and saves `inputs` through autograd
-  /// (see Note [Save frame inputs through autograd] in frame.cpp). Must run
-  /// before the frame is pushed, so that an enclosing context packs the inputs.
+  /// Captures RNG/autocast/device/thread state and saves `inputs` through
+  /// autograd (see Note [Save frame inputs through autograd] in frame.cpp).
+  /// Must run before the frame is pushed, so that an enclosing context packs
+  /// the inputs.
   Frame(CheckpointFn fn, const TensorList& inputs, const CheckpointOptions& options);
   ~Frame();
 
-  // ---- forward: the thread running checkpoint(), frame on top of the stack ----
+  // ---- forward: the thread running checkpoint() ----
+  /// Runs `fn` with this frame receiving the saves, then freezes the slots.
+  /// A checkpoint whose forward runs inside another's becomes its child.
+  /// Returns the outputs and whether this frame is nested in another.
+  std::pair<TensorList, bool> forward(const TensorList& inputs);
   std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override;
-  /// Freezes the slot count.
-  void finish_forward();
   /// Number of tensors autograd saved inside the forward run.
   size_t num_slots() const { return num_slots_; }
   /// Bytes a recomputation of this frame holds; see Note [Counting recomputed bytes].
   int64_t expected_bytes() const { return expected_bytes_; }
+  /// This frame and the checkpoints nested in its forward whose graphs are
+  /// alive, recursively, every parent before its children.
+  std::vector<std::shared_ptr<Frame>> with_nested();
 
   // ---- backward: any thread ----
-  /// The recomputed tensor of `slot`: from the bound session, else from this
-  /// graph task's recomputation, else (outside backward) from a private one.
+  /// The recomputed tensor of `slot`; see Note [Recomputation keys].
   at::Tensor unpack(size_t slot);
   /// Autograd released the saved tensor of `slot`: never store it again.
   void release_slot(size_t slot) noexcept;
 
-  // ---- sessions (see Note [Session binding] in session.h) ----
-  /// Raises CheckpointError when the frame is registered to another session.
-  void check_registrable_to(const Session& session) const;
-  /// Registers the frame to `session`. False when it already was; raises
-  /// like check_registrable_to.
-  bool attach(Session& session);
-  /// Unregisters from `session` and drops its recomputation (no-op otherwise).
-  void detach(Session& session) noexcept;
-  void bind(Session* session) noexcept { bound_.store(session, std::memory_order_release); }
-  void unbind() noexcept { bound_.store(nullptr, std::memory_order_release); }
-  /// Whether `session` holds a finished recomputation of this frame.
-  bool resident_in(Session& session) const;
-  /// Recomputes into the registered session now; false when already done.
-  bool prefire();
+  // ---- sessions: called by the session layer (see Note [Session binding] in session.h) ----
+  /// Registers the frame to `session` with a new, empty entry, or returns the
+  /// entry it has there (second: whether it is new). Raises CheckpointError
+  /// when the frame is registered to another session.
+  std::pair<std::shared_ptr<SessionEntry>, bool> register_to(const std::shared_ptr<SessionCore>& session);
+  /// Drops the registration to `session` (no-op when registered elsewhere or
+  /// nowhere). An unpack that already holds the entry finishes with it.
+  void unregister_from(const SessionCore& session) noexcept;
+  /// Whether unpacks are served from the registered session (a scope of it is open).
+  void bind(bool bound) noexcept;
+  /// Recomputes into `entry` now, as a prefire, unless it is done; returns
+  /// whether this call recomputed.
+  bool prefire(SessionEntry& entry);
 
   /// Called from the recomputation's pack hook: checks and stores the tensor
   /// recompute saved as slot `index`. Returns whether recomputation may stop.
   bool store_recomputed(Recomputation& r, size_t index, const at::Tensor& tensor);
 
  private:
-  struct SessionEntry {
-    Session* session = nullptr;
-    std::shared_ptr<Recomputation> recomputation;
+  struct SessionUnpack {
+    std::shared_ptr<SessionEntry> entry;
+    bool retain = false;
   };
-
-  at::Tensor unpack_from_session(Session& session, size_t slot);
+  std::optional<SessionUnpack> session_for_unpack() const;
   std::shared_ptr<Recomputation> recomputation_for(int64_t graph_task);
   void drop(int64_t graph_task) noexcept;
-  /// `session`: the session recomputed into, or -1. `run`: set for a prefire.
-  void recompute(Recomputation& r, int64_t session, PrefireRun* run);
+  /// Runs the recomputation of `r` unless it is done; returns the observer's
+  /// event when this call ran it. See Note [Single-flight recomputation].
+  std::optional<RecomputeEvent> compute_once(Recomputation& r, RecomputeEvent::Kind kind,
+                                             std::optional<SessionId> session);
+  RecomputeEvent recompute(Recomputation& r, RecomputeEvent::Kind kind, std::optional<SessionId> session);
   TensorList recompute_inputs() const;
-  at::Tensor take(Recomputation& r, size_t slot, bool retain, const Session* session);
-  SessionEntry session_entry() const;
+  at::Tensor take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session);
 
   const CheckpointFn fn_;
   const CheckpointOptions options_;
@@ -115,17 +135,18 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   std::vector<SlotMetadata> metadata_;  // by slot
   std::vector<uint8_t> counted_;        // by slot: its storage counts as recomputed bytes
   int64_t expected_bytes_ = 0;
+  std::vector<std::weak_ptr<Frame>> nested_;  // checkpoints created inside the forward run
   // Forward only: storages that do not count (inputs) and storages counted,
-  // pinned so that their addresses stay unique until finish_forward().
+  // pinned so that their addresses stay unique until the forward ends.
   std::unordered_set<const c10::StorageImpl*> forward_uncounted_, forward_counted_;
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> forward_pins_;
 
-  std::atomic<Session*> bound_{nullptr};  // the hot path's one read; see Note [Session binding]
+  std::atomic<bool> bound_{false};  // the hot path's first read; see Note [Session binding]
 
-  mutable std::mutex mu_;  // guards alive_, graph_tasks_, session_
+  mutable std::mutex mu_;  // guards the fields below; never held while anything is recomputed
   std::vector<uint8_t> alive_;  // by slot: autograd still holds it
   std::vector<std::pair<int64_t, std::shared_ptr<Recomputation>>> graph_tasks_;
-  SessionEntry session_;
+  std::shared_ptr<SessionEntry> registered_;
 };
 
 }  // namespace prefire::detail

@@ -1,23 +1,36 @@
 #include "hook_stack.h"
 
-#include <c10/util/Exception.h>
+#include "thread_stack.h"
 
 namespace prefire::detail {
 namespace {
-// The stack is intrusive: each scope remembers the entry below it.
-thread_local HookContext* tls_top = nullptr;
+// The stack is intrusive: each scope links to the scope below it.
+thread_local HookContextScope* tls_top = nullptr;
+// The innermost context, cached for the query every saved tensor makes.
+thread_local HookContext* tls_top_context = nullptr;
 }  // namespace
 
-HookContext* current_hook_context() noexcept { return tls_top; }
+HookContext* current_hook_context() noexcept { return tls_top_context; }
 
-HookContextScope::HookContextScope(HookContext* context) noexcept
-    : previous_(tls_top), context_(context) {
-  tls_top = context;
+HookContextScope::HookContextScope(HookContext* context) noexcept : context_(context), below_(tls_top) {
+  tls_top = this;
+  tls_top_context = context;
 }
 
 HookContextScope::~HookContextScope() {
-  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(tls_top == context_, "hook contexts popped out of order");
-  tls_top = previous_;
+  if (!unlink_from_stack(tls_top, this, [](HookContextScope& s) -> HookContextScope*& { return s.below_; })) {
+    fatal_misuse(
+        "a saved-tensor hook context (a checkpoint's forward, a recomputation or a SavedTensorMeter) ended on "
+        "another thread than the one it started on; stop a SavedTensorMeter on the thread that made it");
+  }
+  tls_top_context = tls_top != nullptr ? tls_top->context_ : nullptr;
+}
+
+bool HookContextScope::on_this_thread() const noexcept {
+  for (const HookContextScope* s = tls_top; s != nullptr; s = s->below_) {
+    if (s == this) return true;
+  }
+  return false;
 }
 
 }  // namespace prefire::detail

@@ -40,7 +40,10 @@ class HookContext {
 /// This is the whole cost prefire adds to a saved tensor outside checkpoints.
 HookContext* current_hook_context() noexcept;
 
-/// Pushes `context` for the lifetime of the scope (LIFO, exception-safe).
+/// Pushes `context` for the lifetime of the scope. Scopes normally leave in
+/// LIFO order; one that leaves early is unlinked where it is (see Note
+/// [Scopes that leave out of order] in thread_stack.h). Leaving on another
+/// thread than the one that entered is a fatal misuse.
 class HookContextScope {
  public:
   explicit HookContextScope(HookContext* context) noexcept;
@@ -48,9 +51,12 @@ class HookContextScope {
   HookContextScope(const HookContextScope&) = delete;
   HookContextScope& operator=(const HookContextScope&) = delete;
 
+  /// Whether this scope is on the calling thread's stack.
+  bool on_this_thread() const noexcept;
+
  private:
-  HookContext* previous_;
   HookContext* context_;
+  HookContextScope* below_;
 };
 
 }  // namespace prefire::detail

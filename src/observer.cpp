@@ -16,6 +16,7 @@ std::atomic<bool> g_has_observer{false};
 bool has_recompute_observer() { return g_has_observer.load(std::memory_order_acquire); }
 
 void notify_recompute(const RecomputeEvent& event) noexcept {
+  if (!has_recompute_observer()) return;
   RecomputeObserver observer;
   {
     std::lock_guard<std::mutex> lock(g_mu);

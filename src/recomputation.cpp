@@ -1,3 +1,15 @@
+// Note [Single-flight recomputation]
+// One key (a graph task, a session) gets one recomputation, whichever thread
+// needs it first: the autograd device threads of one backward, a prefire and
+// a lazy unpack racing for a session's checkpoint. The first caller computes;
+// the others wait on a condition variable and share the result. No lock is
+// held while `compute` runs: it runs user code (the checkpointed function,
+// context hooks) which may call any public function, including prefire() of
+// another checkpoint or session_stats() of this session. The only thing a
+// caller waits for is the computation it needs; a computation that needs
+// itself (a function that prefires its own checkpoint) is a CheckpointError,
+// not a hang.
+//
 // Note [Counting recomputed bytes]
 // A recomputation holds what autograd saved inside the checkpoint. Some of it
 // is not new memory: parameters the function captures (leaves that require
@@ -10,6 +22,8 @@
 // compares before a prefire.
 
 #include "recomputation.h"
+
+#include <prefire/errors.h>
 
 #include <prefire/stats.h>
 
@@ -66,12 +80,47 @@ bool aliases_a_leaf(const at::Tensor& t) {
 
 void count_recomputation() { g_recomputations.fetch_add(1, std::memory_order_relaxed); }
 
-Recomputation::~Recomputation() {
-  for (size_t slot = 0; slot < tensors_.size(); ++slot) release(slot);
+Recomputation::~Recomputation() { release_all(); }
+
+bool Recomputation::ensure(const std::function<void()>& compute) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    const State state = state_.load(std::memory_order_relaxed);
+    if (state == State::kDone) return false;
+    if (state == State::kEmpty) break;
+    if (runner_ == std::this_thread::get_id()) {
+      throw CheckpointError(
+          "prefire: a checkpoint's recomputation needs its own result (the checkpointed function, a context hook "
+          "or a recompute observer called prefire() of this checkpoint, or unpacked one of its saved tensors, while "
+          "it is being recomputed); call it after the recomputation instead");
+    }
+    finished_.wait(lock);
+  }
+  state_.store(State::kRunning, std::memory_order_relaxed);
+  runner_ = std::this_thread::get_id();
+  lock.unlock();
+  try {
+    compute();
+  } catch (...) {
+    release_all();  // still the only thread touching the slots
+    ready_.reset();
+    in_pool_ = false;
+    lock.lock();
+    runner_ = std::thread::id();
+    state_.store(State::kEmpty, std::memory_order_relaxed);
+    finished_.notify_all();
+    throw;
+  }
+  lock.lock();
+  runner_ = std::thread::id();
+  state_.store(State::kDone, std::memory_order_release);
+  finished_.notify_all();
+  return true;
 }
 
 void Recomputation::reset(size_t num_slots) {
-  for (size_t slot = 0; slot < tensors_.size(); ++slot) release(slot);
+  release_all();
+  in_pool_ = false;
   tensors_.assign(num_slots, at::Tensor());
   consumed_.assign(num_slots, 0);
   counted_.assign(num_slots, 0);
@@ -83,20 +132,21 @@ void Recomputation::store(size_t slot, at::Tensor tensor, bool counted) {
     const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
     if (storages_[storage]++ == 0) {
       auto nbytes = static_cast<int64_t>(tensor.storage().nbytes());
-      bytes_ += nbytes;
       global_recomputed_bytes().add(nbytes);
       global_held_bytes().add(nbytes);
       if (owner_) owner_->add(nbytes);
-      if (pool_owner_) pool_owner_->add(nbytes);
+      if (in_pool_) pool_->add(nbytes);
     }
     counted_[slot] = 1;
   }
   tensors_[slot] = std::move(tensor);
 }
 
-at::Tensor Recomputation::take(size_t slot, bool retain) {
-  if (retain) return tensors_.at(slot);
-  at::Tensor t = tensors_.at(slot);
+std::optional<at::Tensor> Recomputation::take(size_t slot, bool retain) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (consumed_.at(slot)) return std::nullopt;
+  if (retain) return tensors_[slot];
+  at::Tensor t = tensors_[slot];
   release(slot);
   consumed_[slot] = 1;
   return t;
@@ -109,16 +159,19 @@ void Recomputation::release(size_t slot) noexcept {
     auto it = storages_.find(t.storage().unsafeGetStorageImpl());
     if (it != storages_.end() && --it->second == 0) {
       auto nbytes = static_cast<int64_t>(t.storage().nbytes());
-      bytes_ -= nbytes;
       global_recomputed_bytes().sub(nbytes);
       global_held_bytes().sub(nbytes);
       if (owner_) owner_->sub(nbytes);
-      if (pool_owner_) pool_owner_->sub(nbytes);
+      if (in_pool_) pool_->sub(nbytes);
       storages_.erase(it);
     }
     counted_[slot] = 0;
   }
   t.reset();
+}
+
+void Recomputation::release_all() noexcept {
+  for (size_t slot = 0; slot < tensors_.size(); ++slot) release(slot);
 }
 
 }  // namespace prefire::detail

@@ -1,14 +1,21 @@
 #pragma once
 
-// The tensors one recomputation of a checkpoint saved, by slot, and the bytes
-// they hold. See Note [Counting recomputed bytes].
+// The tensors one recomputation of a checkpoint saved, by slot, the bytes
+// they hold (see Note [Counting recomputed bytes]), and the single flight that
+// makes every user of one key share one recomputation (see Note
+// [Single-flight recomputation]).
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -46,43 +53,64 @@ class ReadyEvent;
 
 class Recomputation {
  public:
-  /// `owner` (a session's gauge) sees the same byte changes as the global one.
-  explicit Recomputation(std::shared_ptr<ByteGauge> owner = nullptr) : owner_(std::move(owner)) {}
+  /// `owner` (a session's gauge) sees the same byte changes as the global
+  /// one; `pool` (its buffer-pool gauge) too, once count_in_pool() is called.
+  explicit Recomputation(std::shared_ptr<ByteGauge> owner = nullptr, std::shared_ptr<ByteGauge> pool = nullptr)
+      : owner_(std::move(owner)), pool_(std::move(pool)) {}
   ~Recomputation();
   Recomputation(const Recomputation&) = delete;
   Recomputation& operator=(const Recomputation&) = delete;
 
-  /// The first unpacker recomputes under it; the others wait for the result.
-  std::mutex mu;
-  bool done = false;  // guarded by mu
-  /// Set when a prefire ran on a device's prefire stream: unpacks wait on it.
-  std::shared_ptr<ReadyEvent> ready;  // guarded by mu
+  // ---- single flight: any thread ----
+  /// Runs `compute` unless the recomputation is done; returns whether this
+  /// call ran it. Callers on other threads wait for a running `compute` and
+  /// then share its result. When `compute` throws, everything it stored is
+  /// dropped, the recomputation is empty again (a waiter or a later caller
+  /// computes afresh) and the exception reaches this caller only. Raises
+  /// CheckpointError when `compute` itself asks for the recomputation it is
+  /// computing (it would wait for itself).
+  bool ensure(const std::function<void()>& compute);
+  /// Whether a computation finished and its result is held.
+  bool done() const { return state_.load(std::memory_order_acquire) == State::kDone; }
 
-  /// Bytes count in `pool_gauge` too (a session's pool bytes, for a prefire
-  /// whose allocations go to the session buffer pool). Before any store.
-  void count_pool_bytes_in(std::shared_ptr<ByteGauge> pool_gauge) { pool_owner_ = std::move(pool_gauge); }
-
+  // ---- inside `compute`, on the computing thread ----
   /// Drops everything and makes room for `num_slots` tensors.
   void reset(size_t num_slots);
   /// Keeps `tensor` as `slot`. `counted`: its storage is new memory (not a
   /// parameter or a checkpoint input) and counts in the gauges.
   void store(size_t slot, at::Tensor tensor, bool counted);
-  /// Hands out `slot`: moved out (and marked consumed) unless `retain`.
-  /// Undefined when the slot was never stored.
-  at::Tensor take(size_t slot, bool retain);
-  bool consumed(size_t slot) const { return consumed_.at(slot) != 0; }
-  int64_t bytes() const { return bytes_; }
+  /// The tensors of this computation come from the session buffer pool:
+  /// their bytes count in the pool gauge too. Before any store.
+  void count_in_pool() { in_pool_ = pool_ != nullptr; }
+  /// When the tensors are ready on the device (a prefire on a prefire stream).
+  void set_ready(std::shared_ptr<ReadyEvent> ready) { ready_ = std::move(ready); }
+
+  // ---- once done: any thread ----
+  /// Hands out `slot`: a copy of the reference when `retain`, else moved out
+  /// and the slot marked consumed. std::nullopt when the slot was consumed
+  /// already; an undefined tensor when it was never stored.
+  std::optional<at::Tensor> take(size_t slot, bool retain);
+  /// Set when a prefire ran on a device's prefire stream: unpacks wait on it.
+  const std::shared_ptr<ReadyEvent>& ready() const { return ready_; }
 
  private:
+  enum class State { kEmpty, kRunning, kDone };
   void release(size_t slot) noexcept;
+  void release_all() noexcept;
+
+  std::mutex mu_;  // guards the single flight and, once done, the slots
+  std::condition_variable finished_;
+  std::atomic<State> state_{State::kEmpty};
+  std::thread::id runner_;  // the thread running `compute` (kRunning)
 
   std::vector<at::Tensor> tensors_;  // by slot
   std::vector<uint8_t> consumed_;    // by slot
   std::vector<uint8_t> counted_;     // by slot
   std::unordered_map<const c10::StorageImpl*, int> storages_;  // counted storages -> slots holding them
-  int64_t bytes_ = 0;  // bytes of counted storages held
-  std::shared_ptr<ByteGauge> owner_;
-  std::shared_ptr<ByteGauge> pool_owner_;  // set before anything is stored, never changed
+  const std::shared_ptr<ByteGauge> owner_;
+  const std::shared_ptr<ByteGauge> pool_;
+  bool in_pool_ = false;  // set by `compute` before anything is stored
+  std::shared_ptr<ReadyEvent> ready_;      // written by `compute`, read-only once done
 };
 
 }  // namespace prefire::detail

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 namespace prefire {
@@ -96,9 +97,15 @@ SavedTensorMeter::SavedTensorMeter()
     : context_(std::make_shared<detail::MeterContext>()),
       scope_(std::make_unique<detail::HookContextScope>(context_.get())) {}
 
-SavedTensorMeter::~SavedTensorMeter() { stop(); }
+SavedTensorMeter::~SavedTensorMeter() { scope_.reset(); }
 
-void SavedTensorMeter::stop() { scope_.reset(); }
+void SavedTensorMeter::stop() {
+  if (scope_ && !scope_->on_this_thread()) {
+    throw std::logic_error(
+        "prefire::SavedTensorMeter::stop: called on another thread than the one that made the meter; stop it there");
+  }
+  scope_.reset();
+}
 
 int64_t SavedTensorMeter::current_bytes() const {
   std::lock_guard<std::mutex> lock(context_->mu_);

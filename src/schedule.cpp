@@ -1,3 +1,15 @@
+// Note [Nested checkpoints in sessions]
+// A checkpoint created inside another's forward is nested: the outer frame
+// lists it (weakly) and no collector sees it, so handles name outermost
+// checkpoints only. Registering a checkpoint to a session (prefire, attach)
+// registers its nested checkpoints too, all or nothing, and a prefire
+// recomputes them after their parent, so each nested checkpoint runs once per
+// micro-batch, shared by B and W like its parent: while a prefire of session S
+// runs on this thread, a nested checkpoint's inputs (saved tensors of its
+// parent) are served from the parent's recomputation in S (PrefireSessionScope
+// in frame.h). Checkpoints created while a recomputation runs belong to that
+// recomputation's throw-away graph and are neither collected nor nested.
+
 #include <prefire/errors.h>
 #include <prefire/schedule.h>
 
@@ -5,8 +17,7 @@
 #include "frame.h"
 #include "schedule_internal.h"
 #include "session.h"
-
-#include <c10/util/Exception.h>
+#include "thread_stack.h"
 
 #include <stdexcept>
 
@@ -31,6 +42,7 @@ struct HandleAccess {
     }
     return h.frame_.lock();
   }
+  static HandleCollector*& below(HandleCollector& c) { return c.previous_; }
 };
 
 void collect(const std::shared_ptr<Frame>& frame) {
@@ -42,8 +54,10 @@ void collect(const std::shared_ptr<Frame>& frame) {
 HandleCollector::HandleCollector() : previous_(detail::tls_collector) { detail::tls_collector = this; }
 
 HandleCollector::~HandleCollector() {
-  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(detail::tls_collector == this, "HandleCollectors closed out of order");
-  detail::tls_collector = previous_;
+  // See Note [Scopes that leave out of order] in thread_stack.h.
+  if (!detail::unlink_from_stack(detail::tls_collector, this, detail::HandleAccess::below)) {
+    detail::fatal_misuse("a HandleCollector was destroyed on another thread than the one that made it");
+  }
 }
 
 const char* to_string(PrefireStatus status) {
@@ -65,9 +79,11 @@ bool attach(const CheckpointHandle& handle, SessionId id) {
   detail::check_session_id(id, "attach");
   auto frame = detail::HandleAccess::frame(handle, "attach");
   if (!frame) return false;
-  auto session = detail::session_for(id);
-  std::lock_guard<std::mutex> lock(session->mu);
-  session->register_frame_locked(frame);
+  const auto frames = frame->with_nested();
+  std::unique_lock<std::mutex> lock;
+  auto session = detail::lock_session(id, lock);
+  std::vector<std::shared_ptr<detail::Frame>> added;
+  session->register_locked(frames, added);
   return true;
 }
 
@@ -76,20 +92,49 @@ PrefireStatus prefire(const CheckpointHandle& handle, SessionId id) {
   detail::check_session_id(id, "prefire");
   auto frame = detail::HandleAccess::frame(handle, "prefire");
   if (!frame) return PrefireStatus::kExpired;
-  auto session = detail::session_for(id);
+  const auto frames = frame->with_nested();  // parents first: a nested checkpoint's inputs come from its parent
+
+  std::shared_ptr<detail::Session> session;
+  std::vector<std::shared_ptr<detail::SessionEntry>> entries;
+  std::vector<std::shared_ptr<detail::Frame>> added;
+  int64_t charge = 0;  // bytes; see Note [Session budgets] in session.h
   {
-    std::lock_guard<std::mutex> lock(session->mu);
-    frame->check_registrable_to(*session);  // before the budget: a conflict is an error, not a refusal
-    if (!frame->resident_in(*session) && session->budget &&
-        session->bytes->current() + frame->expected_bytes() > *session->budget) {
-      session->refused_prefires.fetch_add(1, std::memory_order_relaxed);
+    std::unique_lock<std::mutex> lock;
+    session = detail::lock_session(id, lock);
+    // Registering first reports a checkpoint of another session as an error,
+    // even where the budget would refuse it.
+    entries = session->register_locked(frames, added);
+    bool pending = false;
+    for (size_t i = 0; i < frames.size(); ++i) {
+      if (entries[i]->recomputation.done()) continue;
+      pending = true;
+      charge += frames[i]->expected_bytes();
+    }
+    if (!pending) return PrefireStatus::kAlreadyResident;
+    if (session->budget && session->core->bytes->current() + session->charged + charge > *session->budget) {
+      session->core->refused_prefires.fetch_add(1, std::memory_order_relaxed);
+      session->unregister_locked(added);  // a refused checkpoint stays lazy, keyed by graph task
       return PrefireStatus::kRefusedOverBudget;
     }
-    session->register_frame_locked(frame);
+    session->charged += charge;
   }
-  if (!frame->prefire()) return PrefireStatus::kAlreadyResident;
-  session->prefires.fetch_add(1, std::memory_order_relaxed);
-  return PrefireStatus::kRecomputed;
+
+  // No lock held from here on: recomputations run user code.
+  auto settle = [&](bool failed) noexcept {
+    std::lock_guard<std::mutex> lock(session->mu);
+    session->charged -= charge;
+    if (failed) session->unregister_locked(added);  // a failed prefire leaves nothing registered
+  };
+  bool recomputed = false;
+  try {
+    detail::PrefireSessionScope prefiring(session->core.get());
+    for (size_t i = 0; i < frames.size(); ++i) recomputed = frames[i]->prefire(*entries[i]) || recomputed;
+  } catch (...) {
+    settle(/*failed=*/true);
+    throw;
+  }
+  settle(/*failed=*/false);
+  return recomputed ? PrefireStatus::kRecomputed : PrefireStatus::kAlreadyResident;
 }
 
 }  // namespace prefire

@@ -5,17 +5,47 @@
 // Note [Session binding]
 // An unpack must find its session on whatever thread autograd runs it (the
 // CUDA device threads do not see the caller's thread-locals). So a SessionScope
-// writes the session into a field of every checkpoint registered to it, and
-// the unpack hot path reads that field: no thread-local lookup, no global lock,
-// only the checkpoint's own lock around its recomputation. Sessions are never
-// destroyed (clear_session empties one, the registry keeps it), so a raw
-// pointer in a checkpoint cannot dangle.
+// writes "bound" into a field of every checkpoint registered to the session,
+// and the unpack hot path reads that field and then, under the checkpoint's
+// own lock, copies the checkpoint's registration (a SessionEntry: the
+// session's counters and the recomputation kept for it): no thread-local
+// lookup, no global lock. Calls go one way: the session layer registers,
+// binds and unregisters frames; a frame only writes its session's counters
+// through the entry. An unpack that copied the entry keeps it alive, so a
+// session cleared while a pass still runs on another thread (possible once
+// the scope has closed) never pulls memory from under that unpack: the pass
+// finishes from what it holds and recomputes the rest per graph task, and the
+// memory goes when the pass lets go of it.
+//
+// Note [Session registry]
+// Sessions are created on first use. A session ends (leaves the registry) at
+// clear_session(), or when its budget is removed, if it is empty then: no
+// live registered checkpoint, no open scope, no budget, no prefire in flight.
+// Its counters live as long as it does, so a pass's statistics can be read
+// after the pass and before the clear. Sessions that are never cleared are
+// found by a sweep whenever the registry has doubled since the last one and
+// end if they are empty (their checkpoints' graphs were freed), so the
+// registry stays within twice the live sessions (amortized O(1) per new
+// session). Every operation locks the session it found and retries if that
+// session ended meanwhile ("retired"), so nothing registers to a session
+// nobody can find.
+//
+// Note [Session budgets]
+// A prefire is admitted when the session's current bytes, plus the bytes
+// charged to prefires still running, plus the forward bytes of what it would
+// recompute, fit the budget; the check and the charge are one step under the
+// session's lock, so concurrent prefires cannot overshoot together. The
+// charge is dropped when the prefire ends (its tensors then count as current
+// bytes). Lazy recomputation into a session (attach) is not budgeted.
+//
+// Lock order: registry, then a session, then a frame, then a recomputation's
+// single flight. No lock is held while user code (checkpointed functions,
+// context hooks, observers) runs.
 
 #include <prefire/session.h>
 
-#include "recomputation.h"
+#include "session_entry.h"
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,34 +57,41 @@ class Frame;
 
 class Session {
  public:
-  explicit Session(SessionId session_id) : id(session_id) {}
+  explicit Session(SessionId session_id) : core(std::make_shared<SessionCore>(session_id)) {}
 
-  const SessionId id;
+  const std::shared_ptr<SessionCore> core;
+  SessionId id() const { return core->id; }
 
-  std::mutex mu;                             // guards the fields below up to the atomics
-  std::vector<std::weak_ptr<Frame>> frames;  // registered checkpoints
+  std::mutex mu;  // guards the fields below
+  std::vector<std::weak_ptr<Frame>> frames;  // registered checkpoints, nested ones included
   bool scope_open = false;
   std::optional<int64_t> budget;  // bytes
+  int64_t charged = 0;            // bytes: forward bytes of prefires running now; see Note [Session budgets]
+  bool retired = false;           // left the registry; see Note [Session registry]
 
-  std::atomic<bool> retain_on_unpack{false};  // of the open scope; read by unpacks
-  const std::shared_ptr<ByteGauge> bytes = std::make_shared<ByteGauge>();
-  const std::shared_ptr<ByteGauge> pool_bytes = std::make_shared<ByteGauge>();  // part of `bytes` in the buffer pool
-  std::atomic<int64_t> prefires{0};
-  std::atomic<int64_t> lazy_recomputes{0};
-  std::atomic<int64_t> hits{0};
-  std::atomic<int64_t> refused_prefires{0};
-
-  /// Registers `frame` (caller holds `mu`); binds it when a scope is open.
-  /// Returns false when it was registered already.
-  bool register_frame_locked(const std::shared_ptr<Frame>& frame);
+  /// Registers every frame of `frames` (a checkpoint and its nested ones),
+  /// binding them when a scope is open, and returns their entries. All or
+  /// nothing: on a CheckpointError (a frame registered to another session)
+  /// nothing this call registered stays. `added` receives the frames that
+  /// were not registered before. Caller holds `mu`.
+  std::vector<std::shared_ptr<SessionEntry>> register_locked(const std::vector<std::shared_ptr<Frame>>& frames,
+                                                             std::vector<std::shared_ptr<Frame>>& added);
+  /// Unregisters `frames` (dropping what the session holds for them). Caller holds `mu`.
+  void unregister_locked(const std::vector<std::shared_ptr<Frame>>& frames);
+  /// Whether the session may leave the registry (prunes expired frames). Caller holds `mu`.
+  bool empty_locked();
 };
 
 /// std::invalid_argument unless `id` >= 0; `what` names the caller.
 void check_session_id(SessionId id, const char* what);
-/// The session with `id`, created on first use.
-std::shared_ptr<Session> session_for(SessionId id);
-/// The session with `id`, or nullptr when it was never used.
-std::shared_ptr<Session> find_session(SessionId id);
+/// The session `id`, created on first use, with its mutex held by `lock`.
+std::shared_ptr<Session> lock_session(SessionId id, std::unique_lock<std::mutex>& lock);
+/// The session `id` with its mutex held by `lock`, or nullptr when there is none.
+std::shared_ptr<Session> lock_existing_session(SessionId id, std::unique_lock<std::mutex>& lock);
+/// Removes `session` from the registry if it is empty. Caller holds no lock.
+void retire_if_empty(const std::shared_ptr<Session>& session) noexcept;
+/// Sessions in the registry now.
+size_t session_registry_size();
 /// Whether a SessionScope is open on this thread.
 bool session_scope_open_on_this_thread();
 

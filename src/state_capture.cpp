@@ -1,6 +1,7 @@
 #include "state_capture.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -89,7 +90,13 @@ CapturedState CapturedState::capture(const std::vector<at::Tensor>& inputs, bool
   if (preserve_rng) s.rng = RngState::capture(inputs);
   s.autocast = AutocastState::current();
   s.cuda_device = current_cuda_device();
+  s.intra_op_threads = at::get_num_threads();
   return s;
+}
+
+std::unique_lock<std::recursive_mutex> lock_generators() {
+  static std::recursive_mutex mu;
+  return std::unique_lock<std::recursive_mutex>(mu);
 }
 
 StateRestoreGuard::StateRestoreGuard(const CapturedState& state)
@@ -99,6 +106,10 @@ StateRestoreGuard::StateRestoreGuard(const CapturedState& state)
   try {
     if (state.rng) state.rng->apply();
     if (state.cuda_device) cuda_guard_impl()->setDevice(*state.cuda_device);
+    if (const int threads = at::get_num_threads(); threads != state.intra_op_threads) {
+      saved_threads_ = threads;
+      at::set_num_threads(state.intra_op_threads);
+    }
     state.autocast.apply();
     // Like entering an autocast region: the weight casts it caches are
     // dropped when the outermost region ends (restore()).
@@ -119,6 +130,12 @@ void StateRestoreGuard::restore() noexcept {
   if (autocast_nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   saved_autocast_.apply();  // thread-local setters; cannot fail
   if (saved_device_) cuda_guard_impl()->uncheckedSetDevice(*saved_device_);
+  if (saved_threads_) {
+    try {
+      at::set_num_threads(*saved_threads_);
+    } catch (...) {  // a positive count it read itself: cannot fail in practice
+    }
+  }
   if (saved_rng_) {
     try {
       saved_rng_->apply();

@@ -7,17 +7,43 @@
 // Captured when the checkpoint's forward starts (before the user's forward
 // context), applied around every recomputation, and the caller's state is put
 // back afterwards, on success and on exception. Generators are read and
-// written under their own mutex. The CPU generator is process-wide: two threads
-// recomputing random functions at once race on it as they would without
-// prefire. Autocast settings are thread-local and need no lock; a
-// recomputation under autocast counts as an autocast region (nesting), so the
-// casts it caches are cleared when it ends, as at the end of forward's region.
+// written under their own mutex. Autocast settings are thread-local and need
+// no lock; a recomputation under autocast counts as an autocast region
+// (nesting), so the casts it caches are cleared when it ends, as at the end of
+// forward's region.
+//
+// The intra-op thread count is state too: CPU reductions split their work by
+// it, so a recomputation under another count computes other bits than forward
+// did (a sum over 4M floats differs in its last places between 1 and 4
+// threads). It is per thread (OpenMP's and MKL's settings are), and a
+// backward may run on another thread than forward: an autograd device thread,
+// a std::thread running the W pass. So forward's count is captured and, when
+// the recomputing thread's count differs, set for the recomputation and put
+// back after. at::set_num_threads() also sets the default that threads not yet
+// initialized pick up and drops oneDNN's primitive cache, so this costs
+// something only when the counts differ.
+//
+// Note [Recomputations that restore generators]
+// Restoring a generator is only exact if nothing else draws from it until the
+// recomputation ends. Two recomputations that restore generator state (a
+// prefire on one thread, a lazy recompute on an autograd device thread, two
+// backward threads) would each set the process-wide generator and interleave
+// their draws: wrong dropout masks, silently. So every recomputation with
+// preserve_rng_state holds one process-wide recursive lock from before it
+// claims its single flight (Note [Single-flight recomputation]) until it ends;
+// they run one at a time, and a recomputation that needs another one (a
+// nested checkpoint's inputs) takes it again on its own thread. The lock is
+// taken before the claim so that no thread can own a running recomputation
+// while it waits for the lock. Forward passes and other code that draw random
+// numbers on other threads meanwhile are not serialized: they race on the
+// generator as they would without prefire.
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <mutex>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -50,6 +76,7 @@ struct CapturedState {
   std::optional<RngState> rng;  // empty without preserve_rng_state
   AutocastState autocast;
   std::optional<c10::Device> cuda_device;  // current CUDA device, when CUDA has devices
+  int intra_op_threads = 1;                // at::get_num_threads() of the forward's thread
 
   static CapturedState capture(const std::vector<at::Tensor>& inputs, bool preserve_rng);
 };
@@ -69,7 +96,11 @@ class StateRestoreGuard {
   std::optional<RngState> saved_rng_;
   AutocastState saved_autocast_;
   std::optional<c10::Device> saved_device_;
-  bool autocast_nested_ = false;  // entered an autocast region; leave it in restore()
+  std::optional<int> saved_threads_;  // set when the recomputation changed the thread count
+  bool autocast_nested_ = false;      // entered an autocast region; leave it in restore()
 };
+
+/// The lock of Note [Recomputations that restore generators].
+std::unique_lock<std::recursive_mutex> lock_generators();
 
 }  // namespace prefire::detail

@@ -166,7 +166,7 @@ TEST(CheckpointGradients, TwoThreadsCheckpointAndBackpropagateConcurrently) {
       actual[t] = grads(y, concat({xs[t]}, blocks[t].params()));
     }
   };
-  std::thread a(work, 0), b(work, 1);
+  std::thread a = pinned_thread(work, 0), b = pinned_thread(work, 1);
   a.join();
   b.join();
   for (int t = 0; t < 2; ++t) expect_all_equal(actual[t], expected[t]);

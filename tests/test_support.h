@@ -7,6 +7,7 @@
 #include <prefire/prefire.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/Storage.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -17,12 +18,33 @@
 
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace prefire::testing {
 
 using TensorList = std::vector<at::Tensor>;
+
+/// The intra-op thread count of every thread the tests run on (main pins it
+/// too). CPU bits depend on it: reductions and GEMMs split their work by it.
+constexpr int kTestThreads = 1;
+
+/// A std::thread running `f` with the intra-op thread count pinned to
+/// kTestThreads. A new thread otherwise runs with the machine's defaults (MKL
+/// uses all cores until ATen's lazy initialization runs on that thread), and a
+/// bit-equality test would pass or fail by machine.
+template <typename F, typename... Args>
+std::thread pinned_thread(F&& f, Args&&... args) {
+  return std::thread(
+      [](auto f, auto... args) {
+        at::set_num_threads(kTestThreads);
+        f(std::move(args)...);
+      },
+      std::forward<F>(f), std::forward<Args>(args)...);
+}
 
 inline at::Tensor param(at::IntArrayRef sizes, double scale = 0.2) {
   return (at::randn(sizes) * scale).requires_grad_(true);

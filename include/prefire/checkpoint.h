@@ -58,7 +58,8 @@ struct CheckpointOptions {
   bool early_stop = true;
   /// Capture the CPU generator and the generators of every CUDA device of the
   /// inputs at forward, and run the recomputation from that state. The
-  /// caller's generator state is put back after the recomputation.
+  /// caller's generator state is put back after the recomputation. Such
+  /// recomputations are serialized with each other, process-wide.
   bool preserve_rng_state = true;
   DeterminismCheck determinism_check = DeterminismCheck::kMetadata;
   ContextFn context_fn;
@@ -75,11 +76,13 @@ struct CheckpointOptions {
 ///   CheckpointError when backward needs it.
 /// * Requires prefire::install(); throws CheckpointError otherwise.
 /// * Threads: forward runs on the caller's thread; the recomputation runs on
-///   the thread of the backward that first needs it, under the autocast state
-///   and device captured at forward. Independent threads may checkpoint and
-///   backpropagate at once; the CPU generator is process-wide, so threads that
-///   draw random numbers inside checkpoints concurrently race on it, exactly as
-///   they would without prefire.
+///   the thread of the backward that first needs it, under the autocast
+///   state, device and intra-op thread count (at::get_num_threads()) captured
+///   at forward, so its bits equal forward's on any thread. Independent
+///   threads may checkpoint and backpropagate at once. Recomputations that
+///   restore generator state run one at a time, process-wide, so their draws
+///   never interleave; forward passes drawing random numbers on other threads
+///   meanwhile race on the generators as they would without prefire.
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs,
                       const CheckpointOptions& options = {});
 

@@ -8,9 +8,13 @@ namespace prefire {
 ///
 /// Call it once at start-up, before the first backward of the process: worker
 /// threads of an engine that already ran keep serving that engine. Idempotent
-/// and thread-safe. Do not call it inside a Python process (PyTorch installs
-/// its own engine at import; is_installed() then stays false and checkpoint()
-/// says so).
+/// and thread-safe.
+///
+/// It replaces only torch's base engine. When another engine is the default,
+/// it raises std::logic_error and changes nothing: inside a Python process
+/// (PyTorch installs its Python engine when torch is imported) or after
+/// another library installed its own. is_installed() then stays false and
+/// checkpoint() raises CheckpointError saying so.
 void install();
 
 /// True when prefire's engine is the process's default engine.

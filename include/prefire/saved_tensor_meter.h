@@ -26,10 +26,10 @@ class HookContextScope;
 /// modified in place after it was saved raises as it would without the meter.
 ///
 /// Threads: the meter is active on the thread that constructed it, from
-/// construction until stop() (or destruction); it must be stopped in LIFO
-/// order with the checkpoints and meters opened after it on that thread. The
-/// counters can be read from any thread, also after stop(), and backward on
-/// any thread updates them.
+/// construction until stop() (or destruction), which must happen on that
+/// thread, in any order with other meters and collectors. The counters can be
+/// read from any thread, also after stop(), and backward on any thread
+/// updates them.
 class SavedTensorMeter {
  public:
   SavedTensorMeter();
@@ -38,7 +38,8 @@ class SavedTensorMeter {
   SavedTensorMeter& operator=(const SavedTensorMeter&) = delete;
 
   /// Stops receiving saves (idempotent). Tensors already saved stay counted
-  /// until autograd releases them.
+  /// until autograd releases them. Raises std::logic_error on another thread
+  /// than the one that made the meter (destroying it there is a fatal misuse).
   void stop();
 
   int64_t current_bytes() const;  // bytes of storages held by saved tensors now

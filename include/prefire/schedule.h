@@ -33,9 +33,13 @@ class CheckpointHandle {
   bool valid_ = false;
 };
 
-/// Gathers a handle for every checkpoint created on this thread while it
-/// lives (outside recomputations). Scopes nest; the innermost one receives
-/// the handles. Must be destroyed in LIFO order with other collectors.
+/// Gathers a handle for every outermost checkpoint created on this thread
+/// while it lives: a checkpoint nested in another's forward is scheduled with
+/// that outer checkpoint (prefire() and attach() take the nested ones along),
+/// and checkpoints made inside a recomputation are never collected. Scopes
+/// nest; the innermost one receives the handles. Destroy it on the thread
+/// that made it (in any order with other collectors); elsewhere is a fatal
+/// misuse.
 class HandleCollector {
  public:
   HandleCollector();
@@ -60,21 +64,35 @@ enum class PrefireStatus {
 };
 const char* to_string(PrefireStatus status);
 
-/// Registers the handle's checkpoint to session `id` and recomputes it now,
-/// on the calling thread, under the state captured at its forward. The
-/// session holds the result until clear_session(id) (or until its unpack with
-/// retain_on_unpack=false). A second prefire of the same handle into the same
-/// session is a no-op.
+/// Registers the handle's checkpoint and the checkpoints nested in it to
+/// session `id` and recomputes them now, on the calling thread, under the
+/// state captured at their forward (outer first). The session holds the
+/// results until clear_session(id) (or until their unpack with
+/// retain_on_unpack=false). A prefire of a checkpoint the session already
+/// holds is a no-op (kAlreadyResident), also when another thread is
+/// recomputing it right now: the call waits for that recomputation.
+///
+/// Budget: the bytes the checkpoints held at forward are charged against the
+/// session's budget in the same step as the check, so concurrent prefires
+/// into one session never exceed it together (see set_session_budget).
+///
+/// Threads and locks: any thread; no lock of prefire's is held while the
+/// checkpointed function, its context hooks or the recompute observer run, so
+/// they may call any public function (session_stats, runtime_stats, prefire
+/// of another handle). Recomputations that restore generator state run one at
+/// a time, process-wide (CheckpointOptions::preserve_rng_state).
 ///
 /// Raises std::invalid_argument for a default-made handle or a negative id,
-/// CheckpointError when the checkpoint is registered to another session, and
-/// whatever the recomputation raises (after which the session holds nothing
-/// for it and clear_session works as usual).
+/// CheckpointError when a checkpoint is registered to another session or when
+/// called from inside this checkpoint's own recomputation, and whatever the
+/// recomputation raises; a prefire that raises leaves nothing registered that
+/// it registered, and clear_session works as usual.
 PrefireStatus prefire(const CheckpointHandle& handle, SessionId id);
 
-/// Registers the handle's checkpoint to session `id` without recomputing: the
-/// first unpack under a SessionScope of `id` recomputes it into the session.
-/// Returns false when the handle is expired. Same errors as prefire().
+/// Registers the handle's checkpoint and the checkpoints nested in it to
+/// session `id` without recomputing: the first unpack under a SessionScope of
+/// `id` recomputes each into the session. Returns false when the handle is
+/// expired. Same argument and conflict errors as prefire(); all or nothing.
 bool attach(const CheckpointHandle& handle, SessionId id);
 
 }  // namespace prefire

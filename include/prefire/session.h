@@ -41,8 +41,9 @@ class Session;
 /// Raises CheckpointError when a SessionScope is already open on this thread
 /// (nested scopes) or when session `id` already has an open scope; raises
 /// std::invalid_argument for a negative id. While the scope is open on this
-/// thread, prefire::checkpoint() raises CheckpointError (nested scheduled
-/// recomputation is not supported).
+/// thread, a forward's prefire::checkpoint() raises CheckpointError
+/// (checkpoints nested in a checkpoint being recomputed are fine). Destroy it
+/// on the thread that opened it; elsewhere is a fatal misuse.
 class SessionScope {
  public:
   explicit SessionScope(SessionId id, SessionOptions options = {});
@@ -59,14 +60,25 @@ class SessionScope {
 /// Drops every recomputed tensor session `id` holds and unregisters its
 /// checkpoints; the id is then ready for the next iteration. Idempotent, safe
 /// after a partial or failed backward, a failed prefire or an unknown id.
-/// Budget and cumulative counters stay. Raises CheckpointError while a
+/// A session without a budget ends here: its counters start from zero at its
+/// next use (read session_stats() before clearing). With a budget, the
+/// session, its budget and its counters stay.
+///
+/// A backward of the session that still runs on another thread (its scope
+/// closed early) is not disturbed: it keeps the tensors it already took,
+/// recomputes the rest per graph task, and the session's memory is freed
+/// when that backward lets go of it. Raises CheckpointError while a
 /// SessionScope of `id` is open, std::invalid_argument for a negative id.
 void clear_session(SessionId id);
 
 /// Caps the bytes session `id` may hold through prefire: a prefire whose
-/// checkpoint would take the session above `bytes` is refused and that
-/// checkpoint stays lazy (recomputed per backward graph task, not cached).
-/// std::nullopt removes the cap. `bytes` must be >= 0.
+/// checkpoint (with the checkpoints nested in it) would take the session above
+/// `bytes`, counting what it holds and what running prefires will hold, is
+/// refused and that checkpoint stays lazy (recomputed per backward graph task,
+/// not cached). The charge of a prefire is the bytes its checkpoints held at
+/// forward. Lazy recomputation into the session is not capped. A session with
+/// a budget lives until the budget is removed (std::nullopt). `bytes` must be
+/// >= 0.
 void set_session_budget(SessionId id, std::optional<int64_t> bytes);
 
 struct SessionStats {
@@ -77,12 +89,14 @@ struct SessionStats {
   int64_t lazy_recomputes = 0;   // count: checkpoints recomputed by their first unpack under a scope
   int64_t hits = 0;              // count: unpacks served from a recomputation already held
   int64_t refused_prefires = 0;  // count: prefire() calls refused by the budget
-  int64_t checkpoints = 0;       // count: checkpoints registered now
+  int64_t checkpoints = 0;       // count: checkpoints registered now, nested ones included
   std::optional<int64_t> budget_bytes;  // bytes: the cap, if any
 };
 
-/// The counters of session `id` (all zero for an id never used). Counts are
-/// cumulative over clears; bytes are current.
+/// The counters of session `id` (all zero when no session `id` exists).
+/// Counts are cumulative since the session was created: by its first use
+/// after it last ended (see clear_session). Any thread; never waits for a
+/// recomputation.
 SessionStats session_stats(SessionId id);
 
 }  // namespace prefire

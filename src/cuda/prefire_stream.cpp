@@ -15,8 +15,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <vector>
 #endif
 
 namespace prefire {
@@ -33,6 +35,11 @@ struct DeviceStreams {
   std::mutex run_mu;  // one prefire at a time per device: pool routing cannot nest
   std::optional<c10::cuda::CUDAStream> stream;
 };
+
+// Devices with a prefire run open on this thread: a prefire started from
+// inside another's recomputation (its function prefires another checkpoint)
+// runs inside the outer run's stream and pool window.
+thread_local std::vector<c10::DeviceIndex> tls_open_runs;
 
 DeviceStreams& streams_of(c10::DeviceIndex device) {
   static std::mutex mu;
@@ -62,12 +69,21 @@ class CudaReadyEvent final : public ReadyEvent {
 struct PrefireRun::Impl {
   c10::DeviceIndex device;
   DeviceStreams& streams;
+  const bool nested;
   std::unique_lock<std::mutex> run_lock;
   c10::MempoolId_t pool;
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   bool routing = false;
 
-  explicit Impl(c10::DeviceIndex d) : device(d), streams(streams_of(d)), run_lock(streams.run_mu) {
+  explicit Impl(c10::DeviceIndex d)
+      : device(d),
+        streams(streams_of(d)),
+        nested(std::find(tls_open_runs.begin(), tls_open_runs.end(), d) != tls_open_runs.end()) {
+    if (nested) {  // the outer run's stream, guard and pool window serve this one
+      tls_open_runs.push_back(device);
+      return;
+    }
+    run_lock = std::unique_lock<std::mutex>(streams.run_mu);
     if (!streams.stream) streams.stream = c10::cuda::getStreamFromPool(g_stream_priority.load(), device);
     c10::cuda::CUDAStream prefire_stream = *streams.stream;
     // The inputs the caller produced are ready once the caller's stream reaches this point.
@@ -79,9 +95,11 @@ struct PrefireRun::Impl {
     c10::cuda::CUDACachingAllocator::beginAllocateToPool(device, pool, [raw](cudaStream_t s) { return s == raw; });
     routing = true;
     guard.emplace(prefire_stream);
+    tls_open_runs.push_back(device);
   }
 
   ~Impl() {
+    tls_open_runs.erase(std::find(tls_open_runs.begin(), tls_open_runs.end(), device));
     guard.reset();
     if (routing) {
       try {
