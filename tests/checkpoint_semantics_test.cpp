@@ -140,6 +140,50 @@ TEST(CheckpointSemantics, CpuAutocastReappliedInRecomputeOutsideAutocast) {
   at::autocast::decrement_nesting();
 }
 
+// ---- intra-op threads -------------------------------------------------------------
+
+// A function whose saved tensor is a sum over 4M floats: CPU reductions split
+// by the intra-op thread count, so its last bits depend on that count.
+CheckpointFn thread_sensitive(std::atomic<int>* recompute_threads) {
+  return [recompute_threads](const TensorList& in) {
+    if (recompute_threads != nullptr) *recompute_threads = at::get_num_threads();
+    return TensorList{in[0] * in[0].sum()};
+  };
+}
+
+TEST(CheckpointSemantics, RecomputationRunsUnderForwardsThreadCountOnAThreadWithAnother) {
+  at::manual_seed(14);
+  auto x = at::randn({1 << 22}).requires_grad_(true);
+  auto gy = at::randn({1 << 22});
+  // Precondition: this reduction gives other bits under 4 threads than under
+  // kTestThreads, so a recomputation under the wrong count would be caught.
+  at::Tensor sum_forward = x.detach().sum();
+  at::Tensor sum_other;
+  pinned_thread([&] {
+    at::set_num_threads(4);
+    sum_other = x.detach().sum();
+  }).join();
+  ASSERT_FALSE(at::equal(sum_forward, sum_other)) << "the test's reduction does not depend on the thread count";
+
+  // The reference: forward here, backward on a thread with 4 intra-op threads.
+  // The backward of x * s is elementwise, so only s's bits can differ.
+  TensorList expected, actual;
+  std::atomic<int> seen{0};
+  auto backward_with_4_threads = [&](const at::Tensor& y, TensorList& out) {
+    pinned_thread([&] {
+      at::set_num_threads(4);
+      EXPECT_NO_THROW(out = torch::autograd::grad({y}, {x}, {gy}));
+      EXPECT_EQ(at::get_num_threads(), 4) << "the recomputation did not put the thread's count back";
+    }).join();
+  };
+  backward_with_4_threads(thread_sensitive(nullptr)({x})[0], expected);
+  CheckpointOptions options;
+  options.determinism_check = DeterminismCheck::kChecksum;  // forward's bits, checked at recompute
+  backward_with_4_threads(checkpoint(thread_sensitive(&seen), {x}, options)[0], actual);
+  EXPECT_EQ(seen, kTestThreads) << "the recomputation ran under the backward thread's count";
+  expect_all_equal(actual, expected);
+}
+
 // ---- context hooks --------------------------------------------------------------
 
 TEST(CheckpointSemantics, ContextFnHooksWrapForwardAndRecomputeInOrder) {

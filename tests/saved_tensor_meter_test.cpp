@@ -73,5 +73,39 @@ TEST(SavedTensorMeter, KeepsAutogradsInPlaceCheck) {
   EXPECT_THAT(message_of<c10::Error>([&] { grads(y, {x}); }), ::testing::HasSubstr("modified by an inplace operation"));
 }
 
+TEST(SavedTensorMeter, StoppedOutOfOrderTheOtherMeterKeepsCounting) {
+  auto x = activation({4, 64});  // 1 KiB
+  SavedTensorMeter outer;
+  SavedTensorMeter inner;
+  outer.stop();      // below `inner` on the stack: unlinked where it is
+  auto a = x.sin();  // saves x: inner's
+  inner.stop();
+  auto b = x.cos();  // no meter active: not counted by either
+  EXPECT_EQ(outer.saved_tensors(), 0);
+  EXPECT_EQ(inner.saved_tensors(), 1);
+  EXPECT_EQ(inner.current_bytes(), 1024);
+}
+
+TEST(SavedTensorMeter, StopOnAnotherThreadRaisesAndLeavesTheMeterActive) {
+  auto x = activation({4, 64});
+  SavedTensorMeter meter;
+  std::string message;
+  pinned_thread([&] { message = message_of<std::logic_error>([&] { meter.stop(); }); }).join();
+  EXPECT_THAT(message, ::testing::HasSubstr("another thread"));
+  auto a = x.sin();
+  EXPECT_EQ(meter.saved_tensors(), 1);
+  meter.stop();
+}
+
+TEST(SavedTensorMeterDeathTest, DestroyedOnAnotherThreadIsAFatalMisuse) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto* meter = new SavedTensorMeter();
+        std::thread([meter] { delete meter; }).join();
+      },
+      "fatal misuse: a saved-tensor hook context");
+}
+
 }  // namespace
 }  // namespace prefire::testing

@@ -396,6 +396,43 @@ TEST(Schedule, HandleCollectorsNestAndInnermostWins) {
   EXPECT_TRUE(outer.handles()[0].valid());
 }
 
+TEST(Schedule, CollectorsLeavingOutOfOrderLeaveTheOthersWorking) {
+  auto x = at::randn({3}).requires_grad_(true);
+  CheckpointFn fn = [](const TensorList& in) { return TensorList{in[0].sin()}; };
+  auto outer = std::make_unique<HandleCollector>();
+  auto inner = std::make_unique<HandleCollector>();
+  outer.reset();  // below `inner`: unlinked where it is
+  auto a = checkpoint(fn, {x});
+  EXPECT_EQ(inner->handles().size(), 1u);
+  {
+    HandleCollector top;
+    inner.reset();  // below `top`
+    auto b = checkpoint(fn, {x});
+    EXPECT_EQ(top.handles().size(), 1u);
+  }
+  auto c = checkpoint(fn, {x});  // no collector left: nothing to crash into
+}
+
+TEST(ScheduleDeathTest, CollectorDestroyedOnAnotherThreadIsAFatalMisuse) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto* collector = new HandleCollector();
+        std::thread([collector] { delete collector; }).join();
+      },
+      "fatal misuse: a HandleCollector was destroyed on another thread");
+}
+
+TEST(ScheduleDeathTest, SessionScopeDestroyedOnAnotherThreadIsAFatalMisuse) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto* scope = new SessionScope(65);
+        std::thread([scope] { delete scope; }).join();
+      },
+      "fatal misuse: the SessionScope of session 65 was destroyed on another thread");
+}
+
 // ---- budget --------------------------------------------------------------------------
 
 TEST(Schedule, BudgetRefusesPrefireAndFrameStaysLazyWithCorrectGradients) {
