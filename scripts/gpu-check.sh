@@ -4,8 +4,9 @@
 #   scripts/gpu-check.sh --prepare
 #       Here, on a CPU machine: copies what the GPU machine lacks into
 #       .gpu-deps/ (git-ignored): GoogleTest's sources (Debian's googletest
-#       package) and Google Benchmark's headers, library and CMake config
-#       (Debian's libbenchmark-dev, libbenchmark1debian).
+#       package), Google Benchmark's headers, library and CMake config
+#       (Debian's libbenchmark-dev, libbenchmark1debian) and CLI11's headers
+#       and CMake config (libcli11-dev).
 #   scripts/gpu-check.sh
 #       On the GPU machine (device tool, carry=[".gpu-deps"]): builds for
 #       sm_90 against that machine's torch, runs the test suite (the CUDA
@@ -20,10 +21,11 @@ if [ "${1:-}" = "--prepare" ]; then
   set -e
   scripts/setup.sh >/dev/null
   [ -d /usr/src/googletest ] || { apt-get update -qq && apt-get install -y -qq googletest >/dev/null; }
-  rm -rf "$deps" && mkdir -p "$deps/benchmark"
+  rm -rf "$deps" && mkdir -p "$deps/benchmark" "$deps/cli11"
   cp -r /usr/src/googletest "$deps/googletest"
-  (cd "$deps" && apt-get download -qq libbenchmark-dev libbenchmark1debian >/dev/null 2>&1)
-  for deb in "$deps"/*.deb; do dpkg -x "$deb" "$deps/benchmark"; done
+  (cd "$deps" && apt-get download -qq libbenchmark-dev libbenchmark1debian libcli11-dev >/dev/null 2>&1)
+  for deb in "$deps"/libbenchmark*.deb; do dpkg -x "$deb" "$deps/benchmark"; done
+  dpkg -x "$deps"/libcli11-dev*.deb "$deps/cli11"
   rm -f "$deps"/*.deb
   du -sh "$deps"
   exit 0
@@ -48,6 +50,7 @@ t0=$(date +%s)
 cmake -G Ninja -S . -B "$build" -Wno-dev -DCMAKE_BUILD_TYPE=Release \
   -DPREFIRE_PYTHON="$python" -DPREFIRE_CUDA=ON -DPREFIRE_CUDA_ARCHITECTURES=90 \
   -DPREFIRE_GTEST_SOURCE_DIR="$PWD/$deps/googletest" \
+  -DCLI11_DIR="$PWD/$deps/cli11/usr/share/cmake/CLI11" \
   ${bench_dir:+-Dbenchmark_DIR="$bench_dir"} >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
 cmake --build "$build" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
 echo "== built in $(( $(date +%s) - t0 )) s"

@@ -295,13 +295,14 @@ std::optional<Frame::SessionUnpack> Frame::session_for_unpack() const {
 }
 
 std::shared_ptr<Recomputation> Frame::recomputation_for(int64_t graph_task) {
-  auto fresh = std::make_shared<Recomputation>();
+  std::shared_ptr<Recomputation> fresh;
   {
     // Another device thread of the same graph task may get here at once.
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, r] : graph_tasks_) {
       if (id == graph_task) return r;
     }
+    fresh = std::make_shared<Recomputation>();
     graph_tasks_.emplace_back(graph_task, fresh);
   }
   queue_graph_task_callback([weak = weak_from_this(), graph_task] {
