@@ -82,9 +82,7 @@ std::vector<std::shared_ptr<SessionEntry>> Session::register_locked(const std::v
       entries.push_back(std::move(entry));
       if (!is_new) continue;
       added.push_back(frame);
-      if (frames.size() >= 64 && frames.size() % 64 == 0) {
-        std::erase_if(frames, [](const std::weak_ptr<Frame>& f) { return f.expired(); });
-      }
+      if (frames.size() >= 64 && frames.size() % 64 == 0) prune_locked();
       frames.push_back(frame);
       if (scope_open) frame->bind(true);
     }
@@ -103,8 +101,12 @@ void Session::unregister_locked(const std::vector<std::shared_ptr<Frame>>& to_re
   }
 }
 
-bool Session::empty_locked() {
+void Session::prune_locked() {
   std::erase_if(frames, [](const std::weak_ptr<Frame>& f) { return f.expired(); });
+}
+
+bool Session::empty_locked() {
+  prune_locked();
   return frames.empty() && !scope_open && !budget && charged == 0;
 }
 
@@ -166,7 +168,7 @@ SessionScope::SessionScope(SessionId id, SessionOptions options) {
   }
   session->scope_open = true;
   session->core->retain_on_unpack.store(options.retain_on_unpack, std::memory_order_release);
-  session->empty_locked();  // prunes expired frames
+  session->prune_locked();
   for (const auto& weak : session->frames) {
     if (auto frame = weak.lock()) frame->bind(true);
   }

@@ -78,7 +78,9 @@ class Session {
                                                              std::vector<std::shared_ptr<Frame>>& added);
   /// Unregisters `frames` (dropping what the session holds for them). Caller holds `mu`.
   void unregister_locked(const std::vector<std::shared_ptr<Frame>>& frames);
-  /// Whether the session may leave the registry (prunes expired frames). Caller holds `mu`.
+  /// Forgets checkpoints whose graphs were freed. Caller holds `mu`.
+  void prune_locked();
+  /// Whether the session may leave the registry (after pruning). Caller holds `mu`.
   bool empty_locked();
 };
 

@@ -80,6 +80,22 @@ TensorList w_pass(const Pass& p, const at::Tensor& y, const TensorList& params) 
   return torch::autograd::grad({y}, params, {p.gy}, false, false, true);
 }
 
+/// A checkpointed forward of `seed`'s input and the handles it collected.
+struct Collected {
+  Pass p;
+  at::Tensor y;
+  std::vector<CheckpointHandle> handles;
+};
+
+Collected forward_collected(NestedStage& stage, uint64_t seed) {
+  Collected c{make_input(seed), {}, {}};
+  at::manual_seed(seed + 100);
+  HandleCollector collect;
+  c.y = stage.checkpointed(c.p.x);
+  c.handles = collect.handles();
+  return c;
+}
+
 std::pair<TensorList, TensorList> reference(const NestedStage& stage, uint64_t seed) {
   auto p = make_input(seed);
   at::manual_seed(seed + 100);
@@ -98,25 +114,15 @@ class NestedSchedule : public ::testing::TestWithParam<int> {};  // nesting leve
 
 TEST_P(NestedSchedule, CollectorSeesOnlyTheOutermostCheckpoint) {
   NestedStage stage(4, GetParam());
-  auto p = make_input(1);
-  HandleCollector collect;
-  auto y = stage.checkpointed(p.x);
-  ASSERT_EQ(collect.handles().size(), 1u);
-  EXPECT_FALSE(collect.handles()[0].expired());
+  auto [p, y, handles] = forward_collected(stage, 1);
+  ASSERT_EQ(handles.size(), 1u);
+  EXPECT_FALSE(handles[0].expired());
 }
 
 TEST_P(NestedSchedule, PrefireRecomputesEveryCheckpointOnceForBothPassesBitForBit) {
   NestedStage stage(4, GetParam());
   auto [dx_ref, dw_ref] = reference(stage, 2);
-  auto p = make_input(2);
-  at::manual_seed(2 + 100);
-  std::vector<CheckpointHandle> handles;
-  at::Tensor y;
-  {
-    HandleCollector collect;
-    y = stage.checkpointed(p.x);
-    handles = collect.handles();
-  }
+  auto [p, y, handles] = forward_collected(stage, 2);
   ASSERT_EQ(handles.size(), 1u);
   at::rand({50});  // other random work between forward and prefire
   const int64_t before = runtime_stats().recomputations;
@@ -141,15 +147,7 @@ TEST_P(NestedSchedule, PrefireRecomputesEveryCheckpointOnceForBothPassesBitForBi
 TEST_P(NestedSchedule, AttachRecomputesEachCheckpointOnceInBAndReusesInW) {
   NestedStage stage(4, GetParam());
   auto [dx_ref, dw_ref] = reference(stage, 3);
-  auto p = make_input(3);
-  at::manual_seed(3 + 100);
-  std::vector<CheckpointHandle> handles;
-  at::Tensor y;
-  {
-    HandleCollector collect;
-    y = stage.checkpointed(p.x);
-    handles = collect.handles();
-  }
+  auto [p, y, handles] = forward_collected(stage, 3);
   ASSERT_TRUE(attach(handles[0], 201));
   const int64_t before = runtime_stats().recomputations;
   TensorList dx, dw;
@@ -178,15 +176,7 @@ TEST_P(NestedSchedule, WithoutSessionEveryPassRecomputesEveryCheckpoint) {
 TEST_P(NestedSchedule, FailingPrefireLeavesNothingRegistered) {
   NestedStage stage(4, GetParam());
   auto [dx_ref, dw_ref] = reference(stage, 5);
-  auto p = make_input(5);
-  at::manual_seed(5 + 100);
-  std::vector<CheckpointHandle> handles;
-  at::Tensor y;
-  {
-    HandleCollector collect;
-    y = stage.checkpointed(p.x);
-    handles = collect.handles();
-  }
+  auto [p, y, handles] = forward_collected(stage, 5);
   // The innermost checkpoint of the last block fails once when recomputed.
   const int forward_runs = total_runs(stage);
   bool failed = false;

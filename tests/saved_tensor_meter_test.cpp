@@ -99,12 +99,7 @@ TEST(SavedTensorMeter, StopOnAnotherThreadRaisesAndLeavesTheMeterActive) {
 
 TEST(SavedTensorMeterDeathTest, DestroyedOnAnotherThreadIsAFatalMisuse) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(
-      {
-        auto* meter = new SavedTensorMeter();
-        std::thread([meter] { delete meter; }).join();
-      },
-      "fatal misuse: a saved-tensor hook context");
+  EXPECT_DEATH(delete_on_another_thread(new SavedTensorMeter()), "fatal misuse: a saved-tensor hook context");
 }
 
 }  // namespace

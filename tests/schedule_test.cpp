@@ -415,22 +415,14 @@ TEST(Schedule, CollectorsLeavingOutOfOrderLeaveTheOthersWorking) {
 
 TEST(ScheduleDeathTest, CollectorDestroyedOnAnotherThreadIsAFatalMisuse) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(
-      {
-        auto* collector = new HandleCollector();
-        std::thread([collector] { delete collector; }).join();
-      },
-      "fatal misuse: a HandleCollector was destroyed on another thread");
+  EXPECT_DEATH(delete_on_another_thread(new HandleCollector()),
+               "fatal misuse: a HandleCollector was destroyed on another thread");
 }
 
 TEST(ScheduleDeathTest, SessionScopeDestroyedOnAnotherThreadIsAFatalMisuse) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(
-      {
-        auto* scope = new SessionScope(65);
-        std::thread([scope] { delete scope; }).join();
-      },
-      "fatal misuse: the SessionScope of session 65 was destroyed on another thread");
+  EXPECT_DEATH(delete_on_another_thread(new SessionScope(65)),
+               "fatal misuse: the SessionScope of session 65 was destroyed on another thread");
 }
 
 // ---- budget --------------------------------------------------------------------------

@@ -135,6 +135,12 @@ std::string message_of(F&& f) {
   return "";
 }
 
+/// Deletes `object` on a new thread: the misuse the death tests check.
+template <typename T>
+void delete_on_another_thread(T* object) {
+  std::thread([object] { delete object; }).join();
+}
+
 /// Weak references to storages, to see whether anything still holds them.
 class StorageWatch {
  public:
