@@ -247,8 +247,16 @@ std::vector<std::shared_ptr<Frame>> Frame::with_nested() {
 }
 
 void Frame::release_slot(size_t slot) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  alive_[slot] = 0;
+  // See Note [Memory that follows the passes] in split_backward.cpp: a
+  // recomputed tensor no saved tensor refers to any more goes at once.
+  std::vector<std::shared_ptr<Recomputation>> holders;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    alive_[slot] = 0;
+    if (registered_) holders.emplace_back(registered_, &registered_->recomputation);
+    for (const auto& [id, r] : graph_tasks_) holders.push_back(r);
+  }
+  for (const auto& r : holders) r->drop(slot);
 }
 
 // ---- Frame: backward ------------------------------------------------------------
@@ -443,12 +451,16 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
       }
     }
   }
-  bool alive;
-  {
+  auto alive = [&] {
     std::lock_guard<std::mutex> lock(mu_);
-    alive = alive_[index] != 0;
+    return alive_[index] != 0;
+  };
+  if (alive()) {
+    r.store(index, tensor.detach(), counted_[index] != 0);
+    // The saved tensor may have gone meanwhile; release_slot() dropped
+    // before the store, or drops after this check.
+    if (!alive()) r.drop(index);
   }
-  if (alive) r.store(index, tensor.detach(), counted_[index] != 0);
   return options_.early_stop && index + 1 == num_slots_;
 }
 

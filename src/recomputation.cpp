@@ -102,10 +102,10 @@ bool Recomputation::ensure(const std::function<void()>& compute) {
   try {
     compute();
   } catch (...) {
-    release_all();  // still the only thread touching the slots
+    lock.lock();
+    release_all();
     ready_.reset();
     in_pool_ = false;
-    lock.lock();
     runner_ = std::thread::id();
     state_.store(State::kEmpty, std::memory_order_relaxed);
     finished_.notify_all();
@@ -119,6 +119,7 @@ bool Recomputation::ensure(const std::function<void()>& compute) {
 }
 
 void Recomputation::reset(size_t num_slots) {
+  std::lock_guard<std::mutex> lock(mu_);
   release_all();
   in_pool_ = false;
   tensors_.assign(num_slots, at::Tensor());
@@ -127,6 +128,7 @@ void Recomputation::reset(size_t num_slots) {
 }
 
 void Recomputation::store(size_t slot, at::Tensor tensor, bool counted) {
+  std::lock_guard<std::mutex> lock(mu_);
   release(slot);
   if (counted && tensor.has_storage()) {
     const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
@@ -150,6 +152,11 @@ std::optional<at::Tensor> Recomputation::take(size_t slot, bool retain) {
   release(slot);
   consumed_[slot] = 1;
   return t;
+}
+
+void Recomputation::drop(size_t slot) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (slot < tensors_.size()) release(slot);
 }
 
 void Recomputation::release(size_t slot) noexcept {

@@ -79,6 +79,10 @@ class Recomputation {
   /// Keeps `tensor` as `slot`. `counted`: its storage is new memory (not a
   /// parameter or a checkpoint input) and counts in the gauges.
   void store(size_t slot, at::Tensor tensor, bool counted);
+
+  // ---- any thread, any time ----
+  /// Drops the tensor of `slot`, if held: nothing will unpack it any more.
+  void drop(size_t slot) noexcept;
   /// The tensors of this computation come from the session buffer pool:
   /// their bytes count in the pool gauge too. Before any store.
   void count_in_pool() { in_pool_ = pool_ != nullptr; }
@@ -98,7 +102,7 @@ class Recomputation {
   void release(size_t slot) noexcept;
   void release_all() noexcept;
 
-  std::mutex mu_;  // guards the single flight and, once done, the slots
+  std::mutex mu_;  // guards the single flight and the slots (the computing thread holds it only briefly)
   std::condition_variable finished_;
   std::atomic<State> state_{State::kEmpty};
   std::thread::id runner_;  // the thread running `compute` (kRunning)

@@ -2,8 +2,9 @@
 // model. Each schedule has 1-6 micro-batches of a stage of 1-4 blocks whose
 // checkpoints nest 0-2 levels deep; its operations (forward, prefire, attach,
 // B, W, clear) interleave at random across micro-batches, with random retain
-// flags, budgets, scopes or none, B and W on random threads, and failures
-// injected into recomputations of prefire and B. For every schedule:
+// flags, budgets, scopes or none, B and W as two autograd passes or as a
+// split backward (backward_input, WeightPass), on random threads, and
+// failures injected into recomputations of prefire and B. For every schedule:
 //   * dx and dw of every micro-batch equal the unchecked model's bit for bit;
 //   * recomputations per micro-batch equal what the schedule implies (a model
 //     of which checkpoints each pass finds resident in its session), or stay
@@ -19,6 +20,8 @@
 #include "test_support.h"
 
 #include "frame.h"
+
+#include <prefire/split_backward.h>
 
 #include <CLI/CLI.hpp>
 
@@ -129,7 +132,7 @@ struct Plan {
   int micro_batches;
   std::vector<Step> steps;
   std::vector<std::optional<int64_t>> budget;  // bytes, per micro-batch session
-  std::vector<bool> b_scoped, w_scoped, w_retain, b_thread, w_thread;
+  std::vector<bool> b_scoped, w_scoped, w_retain, b_thread, w_thread, split;
   std::optional<std::pair<Op, int>> inject;  // the first recomputation of this op fails
 };
 
@@ -155,7 +158,7 @@ std::string describe(const Model& m, const Plan& p) {
     out << "\n  mb " << mb << ": budget " << (p.budget[mb] ? std::to_string(*p.budget[mb]) : "none") << ", B "
         << (p.b_scoped[mb] ? "scoped" : "unscoped") << (p.b_thread[mb] ? " on a thread" : "") << ", W "
         << (p.w_scoped[mb] ? (p.w_retain[mb] ? "scoped retain" : "scoped release") : "unscoped")
-        << (p.w_thread[mb] ? " on a thread" : "");
+        << (p.w_thread[mb] ? " on a thread" : "") << (p.split[mb] ? ", split backward" : "");
   }
   if (p.inject) out << "\n  failure injected into " << name(p.inject->first) << p.inject->second;
   return out.str();
@@ -209,6 +212,7 @@ Plan make_plan(std::mt19937_64& rng) {
     p.w_retain.push_back(coin(2));
     p.b_thread.push_back(coin(3));
     p.w_thread.push_back(coin(3));
+    p.split.push_back(coin(2));
   }
   // A random interleaving that keeps each micro-batch's order.
   std::vector<size_t> next(mbs, 0);
@@ -243,6 +247,7 @@ struct Residency {
 
 struct MicroBatch {
   at::Tensor x, gy, y;
+  WeightPass weight_pass;  // split backward: made by B, run by W
   TensorList dx_ref, dw_ref, dx, dw;
   std::vector<CheckpointHandle> handles;  // one per top-level checkpoint, in order
   Residency state;
@@ -361,8 +366,15 @@ std::string run_schedule(uint64_t seed, bool verbose) {
           try {
             std::optional<SessionScope> scope;
             if (scoped) scope.emplace(session(step.mb), SessionOptions{/*retain_on_unpack=*/true});
-            on_thread(plan.b_thread[step.mb],
-                      [&] { mb.dx = torch::autograd::grad({mb.y}, {mb.x}, {mb.gy}, /*retain_graph=*/true); });
+            on_thread(plan.b_thread[step.mb], [&] {
+              if (plan.split[step.mb]) {
+                SplitBackward split = backward_input({mb.y}, {mb.gy}, {mb.x}, params);
+                mb.dx = std::move(split.input_grads);
+                mb.weight_pass = std::move(split.weight_pass);
+              } else {
+                mb.dx = torch::autograd::grad({mb.y}, {mb.x}, {mb.gy}, /*retain_graph=*/true);
+              }
+            });
             break;
           } catch (const InjectedFailure&) {
             mb.state.exact = false;
@@ -377,8 +389,10 @@ std::string run_schedule(uint64_t seed, bool verbose) {
         {
           std::optional<SessionScope> scope;
           if (scoped) scope.emplace(session(step.mb), SessionOptions{plan.w_retain[step.mb]});
-          on_thread(plan.w_thread[step.mb],
-                    [&] { mb.dw = torch::autograd::grad({mb.y}, params, {mb.gy}, false, false, true); });
+          on_thread(plan.w_thread[step.mb], [&] {
+            mb.dw = plan.split[step.mb] ? mb.weight_pass.run()
+                                        : torch::autograd::grad({mb.y}, params, {mb.gy}, false, false, true);
+          });
         }
         pass(mb, scoped, recomputed());
         mb.y.reset();  // the W pass freed the graph; nothing may still hold it

@@ -10,4 +10,5 @@
 #include <prefire/saved_tensor_meter.h>
 #include <prefire/schedule.h>
 #include <prefire/session.h>
+#include <prefire/split_backward.h>
 #include <prefire/stats.h>

@@ -1,0 +1,322 @@
+// Note [Splitting backward into B and W]
+// The graph of a stage's outputs splits into three parts (nodes named by
+// where their gradients go):
+//   * I, the nodes that lead to an input: B must run them;
+//   * the weight part: nodes that lead to a parameter but to no input;
+//   * the intermediates: nodes of I with an edge into the weight part (a
+//     linear's MmBackward, LayerNorm's backward). They compute the input
+//     gradient and the weight gradient from the same incoming gradient.
+// (PyTorch's torch/distributed/pipelining/_backward.py finds the same
+// intermediates.) B runs the engine from the outputs with the inputs and the
+// intermediates' inputs as captured outputs, so it executes I and stops at
+// the weight part, capturing the gradient that arrives at every
+// intermediate. W runs the engine once, from the intermediates seeded with
+// those gradients, towards the parameters. Before W, every edge from an
+// intermediate back into I is cut: an intermediate then computes only its
+// weight outputs in W, no intermediate feeds another (nothing is counted
+// twice, nothing of B runs again), and W is one graph task, so a checkpoint
+// keyed by graph task recomputes once in W. Outputs whose own node leads to
+// no input (a loss of the parameters alone) seed W with their gradient.
+//
+// Note [Memory that follows the passes]
+// After B, the nodes of I that W does not run (everything but the
+// intermediates and the input nodes, which may belong to a previous stage)
+// release their saved tensors, and the outputs are detached, so B's part of
+// the graph holds nothing from B to W. A checkpoint learns of it through its
+// saved tensors' destruction (Frame::release_slot) and drops the recomputed
+// tensors that no live saved tensor refers to: a session holds only W's share
+// between the passes. W runs with keep_graph=false and frees its part.
+
+#include <prefire/split_backward.h>
+
+#include "../profiling/nvtx.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace prefire {
+
+using torch::autograd::Edge;
+using torch::autograd::Node;
+using NodeRef = decltype(Edge::function);  // the engine's owning pointer to a node
+
+namespace detail {
+
+struct WeightPassState {
+  std::mutex mu;
+  bool ran = false;
+  TensorList params;
+  torch::autograd::edge_list param_edges;
+  torch::autograd::edge_list roots;  // W starts here: (intermediate, input) edges and outputs of the weight part
+  TensorList root_grads;
+};
+
+namespace {
+
+/// The part of the outputs' graph above the inputs: every node reachable
+/// from the roots without passing through an input's node, and the nodes
+/// feeding each one.
+struct StageGraph {
+  std::vector<Node*> nodes;  // breadth first from the roots
+  std::unordered_map<Node*, NodeRef> refs;
+  std::unordered_map<Node*, std::vector<Node*>> feeders;  // node -> nodes with an edge to it
+
+  StageGraph(const torch::autograd::edge_list& roots, const std::unordered_set<Node*>& stop_at) {
+    std::deque<Node*> queue;
+    auto visit = [&](const NodeRef& ref) {
+      Node* node = ref.get();
+      if (refs.emplace(node, ref).second) {
+        nodes.push_back(node);
+        feeders[node];
+        if (stop_at.count(node) == 0) queue.push_back(node);
+      }
+    };
+    for (const auto& root : roots) {
+      if (root.is_valid()) visit(root.function);
+    }
+    while (!queue.empty()) {
+      Node* node = queue.front();
+      queue.pop_front();
+      for (const auto& edge : node->next_edges()) {
+        if (!edge.is_valid()) continue;
+        visit(edge.function);
+        feeders[edge.function.get()].push_back(node);
+      }
+    }
+  }
+
+  /// The nodes that lead to `from` (those included), walking against the
+  /// edges; nodes of `stop` are reported in `hit` and not walked through.
+  std::unordered_set<Node*> leading_to(const std::vector<Node*>& from, const std::unordered_set<Node*>* stop,
+                                       std::unordered_set<Node*>* hit) const {
+    std::unordered_set<Node*> closure;
+    std::deque<Node*> queue;
+    for (Node* node : from) {
+      if (closure.insert(node).second) queue.push_back(node);
+    }
+    while (!queue.empty()) {
+      Node* node = queue.front();
+      queue.pop_front();
+      for (Node* feeder : feeders.at(node)) {
+        if (closure.count(feeder) != 0) continue;
+        if (stop != nullptr && stop->count(feeder) != 0) {
+          hit->insert(feeder);
+          continue;
+        }
+        closure.insert(feeder);
+        queue.push_back(feeder);
+      }
+    }
+    return closure;
+  }
+};
+
+Edge gradient_edge_of(const at::Tensor& t) { return torch::autograd::impl::gradient_edge(t); }
+
+}  // namespace
+}  // namespace detail
+
+WeightPass::WeightPass() = default;
+WeightPass::~WeightPass() = default;
+WeightPass::WeightPass(WeightPass&&) noexcept = default;
+WeightPass& WeightPass::operator=(WeightPass&&) noexcept = default;
+
+bool WeightPass::pending() const {
+  if (!state_) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return !state_->ran;
+}
+
+TensorList WeightPass::run(bool accumulate_into_grad) {
+  if (!state_) {
+    throw std::logic_error("prefire::WeightPass::run: this weight pass was default-made; take it from backward_input()");
+  }
+  PREFIRE_NVTX_RANGE("prefire::WeightPass::run", -1);
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->ran) {
+    throw std::logic_error(
+        "prefire::WeightPass::run: the weight pass already ran; each backward_input() gives one weight pass, "
+        "which frees its part of the graph when it runs");
+  }
+  state_->ran = true;
+  detail::WeightPassState& s = *state_;
+  TensorList grads(s.params.size());
+  if (!s.roots.empty()) {
+    try {
+      grads = torch::autograd::Engine::get_default_engine().execute(s.roots, s.root_grads, /*keep_graph=*/false,
+                                                                     /*create_graph=*/false,
+                                                                     /*accumulate_grad=*/false, s.param_edges);
+    } catch (const c10::Error& e) {
+      const std::string what = e.what();
+      if (what.find("backward through the graph a second time") != std::string::npos) {
+        throw std::runtime_error(
+            "prefire::WeightPass::run: the weight part of this graph was freed after backward_input() (a backward "
+            "without retain_graph ran through activations of this graph); run such backwards with "
+            "retain_graph=true, or after the weight pass. Autograd said: " + what);
+      }
+      throw;
+    }
+  }
+  // Nothing of the graph is needed any more.
+  s.roots.clear();
+  s.root_grads.clear();
+  if (accumulate_into_grad) {
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      at::Tensor& grad = s.params[i].mutable_grad();
+      if (grad.defined()) {
+        grad.add_(grads[i]);
+      } else {
+        grad = grads[i].clone();
+      }
+    }
+  }
+  return grads;
+}
+
+struct SplitBackwardAccess {
+  static std::unique_ptr<detail::WeightPassState>& state(WeightPass& w) { return w.state_; }
+};
+
+SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_outputs, const TensorList& inputs,
+                             const TensorList& params) {
+  PREFIRE_NVTX_RANGE("prefire::backward_input", -1);
+  using torch::autograd::edge_list;
+  if (grad_outputs.size() != outputs.size()) {
+    throw std::invalid_argument("prefire::backward_input: " + std::to_string(grad_outputs.size()) +
+                                " grad_outputs for " + std::to_string(outputs.size()) +
+                                " outputs; pass one per output (undefined for ones, one-element outputs only)");
+  }
+  edge_list roots;
+  TensorList root_grads;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& out = outputs[i];
+    if (!out.defined() || !out.requires_grad()) {
+      throw std::invalid_argument("prefire::backward_input: output " + std::to_string(i) +
+                                  " does not require grad; pass only outputs of the graph to differentiate");
+    }
+    at::Tensor grad = grad_outputs[i];
+    if (!grad.defined()) {
+      if (out.numel() != 1) {
+        throw std::invalid_argument("prefire::backward_input: grad_outputs[" + std::to_string(i) +
+                                    "] is undefined for an output of " + std::to_string(out.numel()) +
+                                    " elements; ones are implied for one-element outputs only");
+      }
+      grad = at::ones_like(out);
+    } else if (!grad.sizes().equals(out.sizes())) {
+      throw std::invalid_argument("prefire::backward_input: grad_outputs[" + std::to_string(i) + "] has shape " +
+                                  c10::str(grad.sizes()) + ", output " + std::to_string(i) + " has shape " +
+                                  c10::str(out.sizes()));
+    }
+    roots.push_back(detail::gradient_edge_of(out));
+    root_grads.push_back(std::move(grad));
+  }
+
+  // Inputs that need a gradient, and the parameters.
+  edge_list input_edges;
+  std::vector<size_t> input_slots;  // input index of each input edge
+  std::unordered_set<Node*> input_nodes;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined() || !inputs[i].requires_grad()) continue;
+    input_edges.push_back(detail::gradient_edge_of(inputs[i]));
+    input_slots.push_back(i);
+    input_nodes.insert(input_edges.back().function.get());
+  }
+  edge_list param_edges;
+  std::vector<Node*> param_nodes;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined() || !params[i].requires_grad()) {
+      throw std::invalid_argument("prefire::backward_input: parameter " + std::to_string(i) +
+                                  " does not require grad; pass only the parameters to differentiate");
+    }
+    param_edges.push_back(detail::gradient_edge_of(params[i]));
+    param_nodes.push_back(param_edges.back().function.get());
+    if (input_nodes.count(param_nodes.back()) != 0) {
+      throw std::invalid_argument("prefire::backward_input: parameter " + std::to_string(i) +
+                                  " is also one of the inputs; pass each tensor in one list");
+    }
+  }
+
+  // See Note [Splitting backward into B and W].
+  const detail::StageGraph graph(roots, input_nodes);
+  for (size_t i = 0; i < param_nodes.size(); ++i) {
+    if (graph.refs.count(param_nodes[i]) == 0) {
+      throw std::invalid_argument("prefire::backward_input: parameter " + std::to_string(i) +
+                                  " is not part of the graph of the outputs (above the inputs); pass only the "
+                                  "parameters the outputs were computed from");
+    }
+  }
+  std::vector<Node*> reached_inputs;
+  for (Node* node : input_nodes) {
+    if (graph.refs.count(node) != 0) reached_inputs.push_back(node);
+  }
+  const std::unordered_set<Node*> b_part = graph.leading_to(reached_inputs, nullptr, nullptr);
+  std::unordered_set<Node*> intermediates;
+  const std::unordered_set<Node*> w_part = graph.leading_to(param_nodes, &b_part, &intermediates);
+
+  // B: the input gradients, and what arrives at every intermediate.
+  std::vector<Node*> ordered_intermediates;  // in the graph's breadth-first order: deterministic
+  for (Node* node : graph.nodes) {
+    if (intermediates.count(node) != 0) ordered_intermediates.push_back(node);
+  }
+  edge_list captures = input_edges;
+  for (Node* node : ordered_intermediates) {
+    for (uint32_t k = 0; k < node->num_inputs(); ++k) captures.emplace_back(graph.refs.at(node), k);
+  }
+  TensorList captured(captures.size());
+  if (!captures.empty()) {
+    captured = torch::autograd::Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/true,
+                                                                      /*create_graph=*/false,
+                                                                      /*accumulate_grad=*/false, captures);
+  }
+
+  SplitBackward result;
+  result.input_grads.resize(inputs.size());
+  for (size_t e = 0; e < input_edges.size(); ++e) result.input_grads[input_slots[e]] = captured[e];
+
+  auto state = std::make_unique<detail::WeightPassState>();
+  state->params = params;
+  state->param_edges = param_edges;
+  for (size_t c = input_edges.size(); c < captures.size(); ++c) {
+    if (!captured[c].defined()) continue;
+    state->roots.push_back(captures[c]);
+    state->root_grads.push_back(captured[c]);
+  }
+  for (size_t o = 0; o < roots.size(); ++o) {  // outputs in the weight part seed W themselves
+    if (w_part.count(roots[o].function.get()) != 0) {
+      state->roots.push_back(roots[o]);
+      state->root_grads.push_back(root_grads[o]);
+    }
+  }
+
+  // See Note [Memory that follows the passes].
+  // Cut through the edge list: set_next_edge() refuses nodes that have
+  // parents because adding an edge could break the topological numbering;
+  // removing one cannot.
+  for (Node* node : ordered_intermediates) {
+    for (Edge& next : node->next_edges()) {
+      if (next.is_valid() && w_part.count(next.function.get()) == 0) next = Edge();
+    }
+  }
+  for (Node* node : graph.nodes) {
+    if (b_part.count(node) != 0 && intermediates.count(node) == 0 && input_nodes.count(node) == 0) {
+      node->release_variables();
+    }
+  }
+  for (const at::Tensor& out : outputs) {
+    if (!out.is_leaf() && !out.is_view()) out.detach_();
+  }
+  SplitBackwardAccess::state(result.weight_pass) = std::move(state);
+  return result;
+}
+
+}  // namespace prefire
