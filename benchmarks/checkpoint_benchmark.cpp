@@ -2,11 +2,13 @@
 //
 // * Per-call overhead: forward + backward of a tiny block (CPU-bound: the
 //   cost is prefire's bookkeeping, not arithmetic), checkpointed vs not.
-// * B/W split: one micro-batch of a GPT-style stage, forward then a dx pass
-//   (retain_graph) then a dw pass, in four modes: no checkpoint, checkpoint
-//   keyed by graph task (recomputes in both passes), session (recomputes once,
-//   lazily), prefire (recomputes once, before the dx pass). Target: session /
-//   graph-task <= 0.85.
+// * Per-call overhead: checkpointed minus unchecked, in microseconds (it
+//   includes the recomputation's own ops).
+// * B/W split: one micro-batch of a GPT-style stage, forward then B
+//   (prefire::backward_input) then W (prefire::WeightPass), in four modes: no
+//   checkpoint, checkpoint keyed by graph task (recomputes in both passes),
+//   session (recomputes once, lazily), prefire (recomputes once, before B).
+//   Target: session / graph-task <= 0.85.
 // * Memory: peak bytes of saved and recomputed tensors (runtime accounting)
 //   per mode, as counters; printed as ratios to the unchecked run (target for
 //   checkpointing: about 1/layers of it, plus the checkpoint inputs).
@@ -48,15 +50,26 @@ void BM_Call_NoCheckpoint(benchmark::State& state) {
 }
 BENCHMARK(BM_Call_NoCheckpoint)->Unit(benchmark::kMicrosecond);
 
-void BM_Call_Checkpoint(benchmark::State& state) {
+void BM_Call_Checkpoint(benchmark::State& state, prefire::CheckpointOptions options) {
   Tiny t;
   for (auto _ : state) {
-    auto y = prefire::checkpoint([&t](const TensorList& in) { return TensorList{t.forward(in[0])}; }, {t.x})[0];
+    auto y =
+        prefire::checkpoint([&t](const TensorList& in) { return TensorList{t.forward(in[0])}; }, {t.x}, options)[0];
     auto g = torch::autograd::grad({y.sum()}, {t.x, t.w});
     benchmark::DoNotOptimize(g.data());
   }
 }
-BENCHMARK(BM_Call_Checkpoint)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Call_Checkpoint, Default, prefire::CheckpointOptions{})->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Call_Checkpoint, NoRngState, [] {
+  prefire::CheckpointOptions o;
+  o.preserve_rng_state = false;
+  return o;
+}())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Call_Checkpoint, NoDeterminismCheck, [] {
+  prefire::CheckpointOptions o;
+  o.determinism_check = prefire::DeterminismCheck::kNone;
+  return o;
+}())->Unit(benchmark::kMicrosecond);
 
 // ---- B/W split ---------------------------------------------------------------------
 
@@ -104,11 +117,11 @@ void BM_Split(benchmark::State& state, Split mode) {
       }
       std::optional<prefire::SessionScope> b_scope;
       if (sessions) b_scope.emplace(0, prefire::SessionOptions{true});
-      auto dx = torch::autograd::grad({y}, {x}, {gy}, /*retain_graph=*/true);
+      auto split = prefire::backward_input({y}, {gy}, {x}, params);
       b_scope.reset();
       std::optional<prefire::SessionScope> w_scope;
       if (sessions) w_scope.emplace(0, prefire::SessionOptions{false});
-      auto dw = torch::autograd::grad({y}, params, {gy});
+      auto dw = split.weight_pass.run();
       w_scope.reset();
       if (sessions) prefire::clear_session(0);
       benchmark::DoNotOptimize(dw.data());
@@ -128,12 +141,22 @@ BENCHMARK_CAPTURE(BM_Split, Prefire, Split::kPrefire)->Unit(benchmark::kMillisec
 int main(int argc, char** argv) {
   prefire::install();
   at::set_num_threads(1);
+  prefire::bench::RatioReporter reporter;
   int rc = prefire::bench::run_with_ratios(
       argc, argv,
-      {{"per call: checkpoint / no checkpoint (tiny block)", {"BM_Call_Checkpoint", "BM_Call_NoCheckpoint"}},
+      {{"per call: checkpoint / no checkpoint (tiny block)", {"BM_Call_Checkpoint/Default", "BM_Call_NoCheckpoint"}},
+       {"per call: without / with preserve_rng_state", {"BM_Call_Checkpoint/NoRngState", "BM_Call_Checkpoint/Default"}},
+       {"per call: without / with the metadata check",
+        {"BM_Call_Checkpoint/NoDeterminismCheck", "BM_Call_Checkpoint/Default"}},
        {"B/W split: session / graph-task (target <= 0.85)", {"BM_Split/Session", "BM_Split/GraphTask"}},
        {"B/W split: prefire / graph-task", {"BM_Split/Prefire", "BM_Split/GraphTask"}},
-       {"B/W split: session / no checkpoint", {"BM_Split/Session", "BM_Split/None"}}});
+       {"B/W split: session / no checkpoint", {"BM_Split/Session", "BM_Split/None"}}},
+      &reporter);
+  const double checkpointed = reporter.ns("BM_Call_Checkpoint/Default"), plain = reporter.ns("BM_Call_NoCheckpoint");
+  if (checkpointed > 0 && plain > 0) {
+    std::printf("  %-50s %.2f us (checkpointed - unchecked, recomputation included)\n",
+                "per-call overhead (tiny block)", (checkpointed - plain) / 1e3);
+  }
   auto& peaks = peak_bytes();
   if (peaks.count(Split::kNone) && peaks[Split::kNone] > 0) {
     const double none = double(peaks[Split::kNone]);

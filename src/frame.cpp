@@ -33,6 +33,7 @@
 #include "engine.h"
 #include "observer_internal.h"
 
+#include <ATen/SequenceNumber.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
@@ -51,7 +52,18 @@ namespace {
 // saved the last one, and the recompute driver catches it. It derives from
 // nothing, so user code inside `fn` that catches std::exception cannot swallow
 // it (only a catch (...) that does not rethrow can).
+//
+// The signal is not free: unwinding through the dispatcher and autograd costs
+// ~15 us on a 2-core x86 machine. So forward notes what a stop would cut:
+// whether it created an autograd node after the one that saved the last
+// tensor (at::sequence_number, per thread), and how long the rest of the
+// function took on the host. When it created none, the only things left are
+// the last op's own kernel and code that does no autograd work; if those took
+// less than kStopSignalCost, the recomputation runs to its end instead of
+// being stopped. Checkpoints with CUDA inputs always stop: their kernels run
+// asynchronously, so the host time says nothing of what a stop saves.
 struct StopRecompute {};
+constexpr auto kStopSignalCost = std::chrono::microseconds(20);
 
 // The forward's placeholder for one saved tensor.
 class SlotRef final : public PackedTensor {
@@ -82,11 +94,12 @@ class RecomputeCapture final : public HookContext {
   RecomputeCapture(Frame& frame, Recomputation& r) : frame_(frame), r_(r) {}
 
   std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override {
-    if (frame_.store_recomputed(r_, count_++, tensor)) {
+    at::Tensor detached = tensor.detach();  // one alias for the slot and for the throw-away graph
+    if (frame_.store_recomputed(r_, count_++, detached)) {
       stopped_ = true;
       throw StopRecompute{};
     }
-    return std::make_unique<KeptTensor>(tensor.detach());
+    return std::make_unique<KeptTensor>(std::move(detached));
   }
 
   size_t count() const { return count_; }
@@ -148,8 +161,8 @@ SlotMetadata SlotMetadata::of(const at::Tensor& t) {
   return m;
 }
 
-bool SlotMetadata::operator==(const SlotMetadata& other) const {
-  return sizes == other.sizes && dtype == other.dtype && device == other.device;
+bool SlotMetadata::matches(const at::Tensor& t) const {
+  return t.sizes().equals(sizes) && t.scalar_type() == dtype && t.device() == device;
 }
 
 std::string SlotMetadata::to_string() const {
@@ -211,6 +224,8 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
     slot = alive_.size();
     alive_.push_back(1);
   }
+  last_pack_sequence_nr_ = at::sequence_number::peek();  // See Note [Early stop]
+  last_pack_time_ = std::chrono::steady_clock::now();
   return std::make_unique<SlotRef>(shared_from_this(), slot);
 }
 
@@ -228,6 +243,10 @@ std::pair<TensorList, bool> Frame::forward(const TensorList& inputs) {
     outputs = fn_(inputs);
   }
   num_slots_ = metadata_.size();
+  // See Note [Early stop].
+  const bool work_after_last_save = at::sequence_number::peek() != last_pack_sequence_nr_ ||
+                                    std::chrono::steady_clock::now() - last_pack_time_ >= kStopSignalCost;
+  stop_at_last_slot_ = options_.early_stop && (prefire_device_.has_value() || work_after_last_save);
   forward_uncounted_.clear();
   forward_counted_.clear();
   forward_pins_.clear();
@@ -429,12 +448,11 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
     return false;  // nothing to store it as
   }
   if (check) {
-    SlotMetadata recomputed = SlotMetadata::of(tensor);
-    if (recomputed != metadata_[index]) {
+    if (!metadata_[index].matches(tensor)) {
       throw CheckpointError(cat(
           "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", num_slots_,
           ") differs between forward and recomputation: forward ", metadata_[index].to_string(),
-          ", recompute ", recomputed.to_string(),
+          ", recompute ", SlotMetadata::of(tensor).to_string(),
           ". The checkpointed function is not deterministic in its shapes, dtypes or devices; make it so, "
           "or pass determinism_check = none to skip this check"));
     }
@@ -456,12 +474,12 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
     return alive_[index] != 0;
   };
   if (alive()) {
-    r.store(index, tensor.detach(), counted_[index] != 0);
+    r.store(index, tensor, counted_[index] != 0);
     // The saved tensor may have gone meanwhile; release_slot() dropped
     // before the store, or drops after this check.
     if (!alive()) r.drop(index);
   }
-  return options_.early_stop && index + 1 == num_slots_;
+  return stop_at_last_slot_ && index + 1 == num_slots_;
 }
 
 std::optional<RecomputeEvent> Frame::compute_once(Recomputation& r, RecomputeEvent::Kind kind,

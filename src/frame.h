@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -32,11 +33,11 @@ struct SlotMetadata {
   std::vector<int64_t> sizes;
   at::ScalarType dtype = at::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
-  std::optional<uint64_t> checksum;  // determinism_check = checksum only; not part of ==
+  std::optional<uint64_t> checksum;  // determinism_check = checksum only; compared on its own
 
   static SlotMetadata of(const at::Tensor& t);
-  bool operator==(const SlotMetadata& other) const;
-  bool operator!=(const SlotMetadata& other) const { return !(*this == other); }
+  /// Whether `t` has this shape, dtype and device (no allocation: the recompute path's check).
+  bool matches(const at::Tensor& t) const;
   std::string to_string() const;
 };
 
@@ -101,8 +102,9 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   /// whether this call recomputed.
   bool prefire(SessionEntry& entry);
 
-  /// Called from the recomputation's pack hook: checks and stores the tensor
-  /// recompute saved as slot `index`. Returns whether recomputation may stop.
+  /// Called from the recomputation's pack hook with a detached alias of the
+  /// tensor recompute saved as slot `index`: checks and stores it. Returns
+  /// whether recomputation may stop.
   bool store_recomputed(Recomputation& r, size_t index, const at::Tensor& tensor);
 
  private:
@@ -135,6 +137,9 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   std::vector<SlotMetadata> metadata_;  // by slot
   std::vector<uint8_t> counted_;        // by slot: its storage counts as recomputed bytes
   int64_t expected_bytes_ = 0;
+  bool stop_at_last_slot_ = false;  // See Note [Early stop] in frame.cpp
+  uint64_t last_pack_sequence_nr_ = 0;
+  std::chrono::steady_clock::time_point last_pack_time_;
   std::vector<std::weak_ptr<Frame>> nested_;  // checkpoints created inside the forward run
   // Forward only: storages that do not count (inputs) and storages counted,
   // pinned so that their addresses stay unique until the forward ends.

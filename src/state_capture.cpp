@@ -1,5 +1,6 @@
 #include "state_capture.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
@@ -26,6 +27,22 @@ void write_state(c10::Device device, const at::Tensor& state) {
   auto gen = generator_for(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+CpuRngState read_cpu_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+  return CpuRngState{impl->engine(), impl->next_float_normal_sample(), impl->next_double_normal_sample()};
+}
+
+void write_cpu_state(const CpuRngState& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+  impl->set_engine(state.engine);
+  impl->set_next_float_normal_sample(state.next_float_normal);
+  impl->set_next_double_normal_sample(state.next_double_normal);
 }
 
 const c10::impl::DeviceGuardImplInterface* cuda_guard_impl() {
@@ -62,7 +79,7 @@ void AutocastState::apply() const {
 
 RngState RngState::capture(const std::vector<at::Tensor>& inputs) {
   RngState s;
-  s.cpu = read_state(c10::Device(c10::kCPU));
+  s.cpu = read_cpu_state();
   for (const auto& t : inputs) {
     if (!t.defined() || !t.is_cuda()) continue;
     c10::Device d = t.device();
@@ -75,13 +92,13 @@ RngState RngState::capture(const std::vector<at::Tensor>& inputs) {
 
 RngState RngState::capture_like(const RngState& like) {
   RngState s;
-  s.cpu = read_state(c10::Device(c10::kCPU));
+  s.cpu = read_cpu_state();
   for (const auto& entry : like.devices) s.devices.emplace_back(entry.first, read_state(entry.first));
   return s;
 }
 
 void RngState::apply() const {
-  write_state(c10::Device(c10::kCPU), cpu);
+  write_cpu_state(cpu);
   for (const auto& [device, state] : devices) write_state(device, state);
 }
 
