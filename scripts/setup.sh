@@ -5,7 +5,7 @@
 #   * torch 2.14.1 (LibTorch comes from the wheel) in a virtual environment
 #     outside the repository, so clean clones and CI reuse it:
 #     $PREFIRE_VENV, default ~/.cache/prefire/venv
-#   * Debian packages: GoogleTest, GoogleMock, Google Benchmark, CLI11, Ninja, ccache
+#   * Debian packages: GoogleTest, GoogleMock, Google Benchmark, CLI11, nlohmann-json, Ninja, ccache
 #
 # Sourced or executed; prints the venv's python path on stdout as its last line
 # when run with --print-python.
@@ -21,6 +21,7 @@ need_apt=()
 [ -f /usr/include/gmock/gmock.h ] || need_apt+=(libgmock-dev)
 [ -f /usr/include/benchmark/benchmark.h ] || need_apt+=(libbenchmark-dev)
 [ -f /usr/include/CLI/CLI.hpp ] || need_apt+=(libcli11-dev)
+[ -f /usr/include/nlohmann/json.hpp ] || need_apt+=(nlohmann-json3-dev)
 command -v ninja >/dev/null || need_apt+=(ninja-build)
 command -v ccache >/dev/null || need_apt+=(ccache)
 command -v cmake >/dev/null || need_apt+=(cmake)

@@ -2,8 +2,10 @@
 """Runs prefire-bench on a tiny stage and checks what it writes: the JSON
 report has every mode with every figure, the trace is valid Chrome trace JSON
 with every schedule phase, and the SVG is well-formed SVG with one labelled
-point per mode. Gradients must match the unchecked run bit for bit (CPU, one
-thread: the program exits non-zero otherwise)."""
+point per mode; a second run in the zbh1 order checks its recomputation
+counts, and a bad flag gives a usage error. Gradients must match the
+unchecked run bit for bit (CPU, one thread: the program exits non-zero
+otherwise)."""
 
 import json
 import subprocess
@@ -18,9 +20,10 @@ MODES = ["none", "graph-task", "session", "prefire", "budget 25%", "budget 50%"]
 def main(bench: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        cmd = [bench, "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--micro-batches", "2",
-               "--steps", "2", "--device", "cpu", "--json", str(out / "r.json"), "--plot", str(out / "r.svg"),
-               "--trace", str(out / "t.json")]
+        tiny = [bench, "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--steps", "2",
+                "--device", "cpu"]
+        cmd = tiny + ["--micro-batches", "2", "--json", str(out / "r.json"), "--plot", str(out / "r.svg"),
+                      "--trace", str(out / "t.json")]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         print(run.stdout)
         assert run.returncode == 0, f"prefire-bench exited {run.returncode}: {run.stderr}"
@@ -31,14 +34,38 @@ def main(bench: str) -> int:
         assert labels == MODES, labels
         for m in report["modes"]:
             for key in ("peak_held_bytes", "step_ms", "recomputes_per_step", "refused_prefires_per_step",
-                        "max_grad_diff"):
+                        "max_grad_diff", "held_b_to_w_bytes", "held_b_to_w_fraction", "per_micro_batch_ms"):
                 assert key in m, (m["label"], key)
             assert m["max_grad_diff"] == 0, (m["label"], m["max_grad_diff"])
             assert len(m["step_ms"]["all"]) == 2
+            assert set(m["per_micro_batch_ms"]) == {"forward", "b", "w"}, m["per_micro_batch_ms"]
         by = {m["label"]: m for m in report["modes"]}
         assert by["graph-task"]["recomputes_per_step"] == 2 * 2 * 2  # micro-batches x layers x passes
         assert by["session"]["recomputes_per_step"] == 2 * 2
         assert by["graph-task"]["peak_held_bytes"] < by["none"]["peak_held_bytes"]
+        assert by["none"]["held_b_to_w_bytes"] is None  # no session: not measured
+        for label in ("session", "prefire"):  # after B a session keeps only what W unpacks
+            assert 0 < by[label]["held_b_to_w_bytes"] < by[label]["peak_session_bytes"], by[label]
+            assert 0 < by[label]["held_b_to_w_fraction"] < 1, by[label]
+
+        zbh1 = subprocess.run(tiny + ["--order", "zbh1", "--in-flight", "1", "--micro-batches", "3",
+                                          "--modes", "none,graph-task,prefire", "--json", str(out / "z.json"),
+                                          "--trace", str(out / "zt.json")],
+                              capture_output=True, text=True, timeout=300)
+        assert zbh1.returncode == 0, f"zbh1 run exited {zbh1.returncode}: {zbh1.stderr}"
+        z = {m["label"]: m for m in json.loads((out / "z.json").read_text())["modes"]}
+        assert z["graph-task"]["recomputes_per_step"] == 3 * 2 * 2 and z["prefire"]["recomputes_per_step"] == 3 * 2
+        assert all(m["max_grad_diff"] == 0 for m in z.values()), z
+        # One step of ZB-H1 with one micro-batch in flight: 1F1B, each W after one more B.
+        events = [e for e in json.loads((out / "zt.json").read_text())["traceEvents"]
+                  if e.get("ph") == "X" and e["pid"] == 0 and e["name"] in ("forward", "B", "W")]
+        events.sort(key=lambda e: e["ts"])
+        letters = {"forward": "F", "B": "B", "W": "W"}
+        step = [letters[e["name"]] + str(e["args"]["micro_batch"]) for e in events][:9]
+        assert step == ["F0", "F1", "B0", "F2", "B1", "W0", "B2", "W1", "W2"], step
+
+        bad = subprocess.run([bench, "--order", "sideways"], capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and "--order" in bad.stderr, (bad.returncode, bad.stderr)
 
         trace = json.loads((out / "t.json").read_text())
         events = trace["traceEvents"]

@@ -1,7 +1,8 @@
 // prefire-bench: one pipeline stage of GPT-style blocks trained through a
-// zero-bubble style schedule (forward of every micro-batch, B passes, then W
-// passes), in every checkpointing mode side by side on identical weights and
-// data: peak memory, step time, recomputations, refused prefires and the
+// split-backward schedule (forward, B = dx through prefire::backward_input,
+// W = dw through prefire::WeightPass), in every checkpointing mode side by
+// side on identical weights and data: peak memory, what a session holds from
+// B to W, F/B/W and step time, recomputations, refused prefires and the
 // gradient difference against the unchecked run. See --help.
 
 #include "pipeline.h"
@@ -12,11 +13,12 @@
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -36,94 +38,56 @@ struct Options {
   std::string json, plot, trace;
 };
 
-const char* kUsage = R"(usage: prefire-bench [options]
-
-Trains one pipeline stage of GPT-style blocks through a zero-bubble style
-schedule in every checkpointing mode, and prints one row per mode.
-
-model:     --layers N (4)  --hidden N (192)  --heads N (6)  --seq N (128)
-           --micro-batch N (2)  --dropout P (0.1)
-schedule:  --micro-batches N (4)  --steps N measured (5)  --warmup N (1)
-           --order zb|bw (zb: every B pass, then every W pass; bw: B then W per micro-batch)
-modes:     --modes LIST (none,graph-task,session,prefire,budget)
-           --budgets LIST of fractions of the prefire mode's peak session bytes (0.25,0.5)
-machine:   --device auto|cpu|cuda (auto: cuda when present)  --threads N (1)  --seed N (0)
-output:    --json FILE  --plot FILE.svg  --trace FILE.json (Chrome / Perfetto)
-)";
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> parts;
-  std::stringstream in(s);
-  for (std::string part; std::getline(in, part, ',');) {
-    if (!part.empty()) parts.push_back(part);
-  }
-  return parts;
-}
-
+// Parses the flags (CLI11: --help lists them); exits on --help or a bad flag.
 Options parse(int argc, char** argv) {
   Options o;
   auto& m = o.run.model;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (see --help)");
-    std::string v = argv[++i];
-    auto integer = [&](long lo) {
-      size_t used = 0;
-      long x = std::stol(v, &used);
-      if (used != v.size() || x < lo) {
-        throw std::invalid_argument(flag + " must be an integer >= " + std::to_string(lo) + ", got " + v);
-      }
-      return x;
-    };
-    if (flag == "--layers") m.layers = integer(1);
-    else if (flag == "--hidden") m.hidden = integer(1);
-    else if (flag == "--heads") m.heads = integer(1);
-    else if (flag == "--seq") m.seq = integer(1);
-    else if (flag == "--micro-batch") m.micro_batch = integer(1);
-    else if (flag == "--micro-batches") o.run.micro_batches = integer(1);
-    else if (flag == "--steps") o.run.steps = integer(1);
-    else if (flag == "--warmup") o.run.warmup = integer(0);
-    else if (flag == "--threads") o.threads = integer(1);
-    else if (flag == "--seed") o.run.seed = integer(0);
-    else if (flag == "--device") o.device = v;
-    else if (flag == "--order") {
-      if (v != "zb" && v != "bw") throw std::invalid_argument("--order must be zb or bw, got " + v);
-      o.run.order = v == "zb" ? Order::kAllBThenW : Order::kInterleaved;
-    }
-    else if (flag == "--json") o.json = v;
-    else if (flag == "--plot") o.plot = v;
-    else if (flag == "--trace") o.trace = v;
-    else if (flag == "--modes") o.modes = split(v);
-    else if (flag == "--dropout") {
-      m.dropout = std::stod(v);
-      if (!(m.dropout >= 0 && m.dropout < 1)) throw std::invalid_argument("--dropout must be in [0, 1), got " + v);
-    } else if (flag == "--budgets") {
-      o.budgets.clear();
-      for (const auto& b : split(v)) {
-        double f = std::stod(b);
-        if (!(f > 0)) throw std::invalid_argument("--budgets fractions must be > 0, got " + b);
-        o.budgets.push_back(f);
-      }
-    } else {
-      throw std::invalid_argument("unknown flag " + flag + " (see --help)");
-    }
+  CLI::App app{"Trains one pipeline stage of GPT-style blocks through a split-backward schedule (forward, B = dx, "
+               "W = dw of each micro-batch) in every checkpointing mode, and prints one row per mode.",
+               "prefire-bench"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--layers", m.layers, "blocks in the stage")->check(CLI::PositiveNumber)->group("model");
+  app.add_option("--hidden", m.hidden, "hidden size")->check(CLI::PositiveNumber)->group("model");
+  app.add_option("--heads", m.heads, "attention heads")->check(CLI::PositiveNumber)->group("model");
+  app.add_option("--seq", m.seq, "sequence length")->check(CLI::PositiveNumber)->group("model");
+  app.add_option("--micro-batch", m.micro_batch, "micro-batch size")->check(CLI::PositiveNumber)->group("model");
+  app.add_option("--dropout", m.dropout, "dropout probability")->check(CLI::Range(0.0, 0.999))->group("model");
+  app.add_option("--micro-batches", o.run.micro_batches, "micro-batches per step")
+      ->check(CLI::PositiveNumber)->group("schedule");
+  app.add_option("--steps", o.run.steps, "measured steps")->check(CLI::PositiveNumber)->group("schedule");
+  app.add_option("--warmup", o.run.warmup, "steps before measuring")->check(CLI::NonNegativeNumber)->group("schedule");
+  std::string order = "zb";
+  app.add_option("--order", order,
+                 "zb: every forward, every B, then every W; bw: every forward, then B and W per micro-batch; "
+                 "zbh1: one stage of ZB-H1 (1F1B, each W after --in-flight more B passes)")
+      ->check(CLI::IsMember({"zb", "bw", "zbh1"}))->group("schedule");
+  app.add_option("--in-flight", o.run.in_flight, "zbh1: warm-up forwards and W deferral, in micro-batches")
+      ->check(CLI::PositiveNumber)->group("schedule");
+  app.add_option("--modes", o.modes, "modes to run: none, graph-task, session, prefire, budget")
+      ->delimiter(',')->check(CLI::IsMember({"none", "graph-task", "session", "prefire", "budget"}))
+      ->group("modes");
+  app.add_option("--budgets", o.budgets, "budget modes: fractions of the prefire mode's peak session bytes")
+      ->delimiter(',')->check(CLI::PositiveNumber)->group("modes");
+  app.add_option("--device", o.device, "auto (cuda when present), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->group("machine");
+  app.add_option("--threads", o.threads, "intra-op threads")->check(CLI::PositiveNumber)->group("machine");
+  app.add_option("--seed", o.run.seed, "seed of weights, data and dropout")->group("machine");
+  app.add_option("--json", o.json, "write the report as JSON")->group("output");
+  app.add_option("--plot", o.plot, "write an SVG chart of peak memory against step time")->group("output");
+  app.add_option("--trace", o.trace, "write a Chrome / Perfetto trace of the schedule")->group("output");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
+  o.run.order = order == "zb" ? Order::kAllBThenW : order == "bw" ? Order::kInterleaved : Order::kZbH1;
   if (m.hidden % m.heads != 0) {
     throw std::invalid_argument("--hidden (" + std::to_string(m.hidden) + ") must be a multiple of --heads (" +
                                 std::to_string(m.heads) + ")");
   }
-  for (const auto& mode : o.modes) {
-    if (mode != "none" && mode != "graph-task" && mode != "session" && mode != "prefire" && mode != "budget")
-      throw std::invalid_argument("--modes: unknown mode " + mode);
-  }
   if (o.device == "auto") o.device = prefire::cuda_available() ? "cuda" : "cpu";
   if (o.device == "cuda" && !prefire::cuda_available())
     throw std::invalid_argument("--device cuda: no CUDA device (or prefire was built without CUDA)");
-  if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be auto, cpu or cuda");
   o.run.device = o.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   return o;
 }
@@ -167,11 +131,12 @@ int main(int argc, char** argv) {
     at::set_num_threads(o.threads);
     const auto& c = o.run;
     const auto& m = c.model;
-    std::printf("prefire-bench: %d blocks (hidden %lld, %lld heads, seq %lld), %d micro-batches of %lld, order %s,"
+    std::printf("prefire-bench: %d blocks (hidden %lld, %lld heads, seq %lld), %d micro-batches of %lld, order %s%s,"
                 " dropout %.2f, %d+%d steps, %s, %d thread(s)\n",
                 m.layers, (long long)m.hidden, (long long)m.heads, (long long)m.seq, c.micro_batches,
-                (long long)m.micro_batch, to_string(c.order), m.dropout, c.warmup, c.steps, c.device.str().c_str(),
-                o.threads);
+                (long long)m.micro_batch, to_string(c.order),
+                c.order == Order::kZbH1 ? (" (in flight " + std::to_string(c.in_flight) + ")").c_str() : "",
+                m.dropout, c.warmup, c.steps, c.device.str().c_str(), o.threads);
 
     std::vector<std::pair<Mode, std::optional<double>>> plan = {{Mode::kNone, std::nullopt}};
     if (wants(o, "graph-task")) plan.push_back({Mode::kGraphTask, std::nullopt});

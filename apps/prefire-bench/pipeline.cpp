@@ -13,7 +13,57 @@
 
 namespace prefire_bench {
 
-const char* to_string(Order order) { return order == Order::kAllBThenW ? "zb" : "bw"; }
+const char* to_string(Order order) {
+  switch (order) {
+    case Order::kAllBThenW:
+      return "zb";
+    case Order::kInterleaved:
+      return "bw";
+    case Order::kZbH1:
+      return "zbh1";
+  }
+  return "?";
+}
+
+std::vector<std::pair<Pass, int>> schedule(Order order, int mbs, int in_flight) {
+  std::vector<std::pair<Pass, int>> passes;
+  auto all = [&](Pass p) {
+    for (int mb = 0; mb < mbs; ++mb) passes.emplace_back(p, mb);
+  };
+  switch (order) {
+    case Order::kAllBThenW:
+      all(Pass::kForward);
+      all(Pass::kB);
+      all(Pass::kW);
+      break;
+    case Order::kInterleaved:
+      all(Pass::kForward);
+      for (int mb = 0; mb < mbs; ++mb) {
+        passes.emplace_back(Pass::kB, mb);
+        passes.emplace_back(Pass::kW, mb);
+      }
+      break;
+    case Order::kZbH1: {
+      // 1F1B: `warm` forwards, then one forward and one B each, then the
+      // remaining B passes; W of micro-batch j right after B of j + warm.
+      const int warm = std::min(std::max(in_flight, 1), mbs);
+      int next_w = 0;
+      auto b_pass = [&](int mb) {
+        passes.emplace_back(Pass::kB, mb);
+        if (mb - warm >= next_w) passes.emplace_back(Pass::kW, next_w++);
+      };
+      for (int mb = 0; mb < warm; ++mb) passes.emplace_back(Pass::kForward, mb);
+      for (int mb = warm; mb < mbs; ++mb) {
+        passes.emplace_back(Pass::kForward, mb);
+        b_pass(mb - warm);
+      }
+      for (int mb = mbs - warm; mb < mbs; ++mb) b_pass(mb);
+      while (next_w < mbs) passes.emplace_back(Pass::kW, next_w++);
+      break;
+    }
+  }
+  return passes;
+}
 
 const char* to_string(Mode mode) {
   switch (mode) {
@@ -49,12 +99,14 @@ at::Tensor stage_forward(const Stage& stage, at::Tensor h, bool checkpoint) {
   return h;
 }
 
-// Runs `work` and, with a trace, records it as one event.
+// Runs `work` and, with a trace, records it as one event; returns its host time in ms.
 template <typename F>
-void phase(Trace* trace, const char* name, int64_t micro_batch, F&& work) {
-  auto begin = Clock::now();
+double phase(Trace* trace, const char* name, int64_t micro_batch, F&& work) {
+  const auto begin = Clock::now();
   work();
-  if (trace) trace->add(name, "schedule", begin, Clock::now(), "micro_batch", micro_batch);
+  const auto end = Clock::now();
+  if (trace) trace->add(name, "schedule", begin, end, "micro_batch", micro_batch);
+  return std::chrono::duration<double, std::milli>(end - begin).count();
 }
 
 double max_abs_diff(const TensorList& a, const TensorList& b) {
@@ -91,6 +143,7 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
     return n;
   };
   int64_t recomputations_measured = 0, refused_measured = 0;
+  std::vector<double> forward_per_mb, b_per_mb, w_per_mb;  // ms, per measured step
   const auto opts = at::TensorOptions().device(config.device).dtype(config.model.dtype);
   const auto& m = config.model;
 
@@ -111,59 +164,66 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
     const auto start = Clock::now();
 
     std::vector<std::vector<prefire::CheckpointHandle>> handles(mbs);
+    std::vector<prefire::WeightPass> weight_passes(mbs);
+    TensorList dx(mbs), dw;
+    double forward_ms = 0, b_ms = 0, w_ms = 0;
     {
       prefire::SavedTensorMeter meter;  // counts what forward saves outside checkpoints
-      for (int mb = 0; mb < mbs; ++mb) {
-        phase(trace, "forward", mb, [&] {
-          prefire::HandleCollector collect;
-          y[mb] = stage_forward(stage, x[mb], checkpointed(mode));
-          handles[mb] = collect.handles();
-        });
+      for (const auto& [pass, mb] : schedule(config.order, mbs, config.in_flight)) {
+        switch (pass) {
+          case Pass::kForward:
+            forward_ms += phase(trace, "forward", mb, [&, mb = mb] {
+              prefire::HandleCollector collect;
+              y[mb] = stage_forward(stage, x[mb], checkpointed(mode));
+              handles[mb] = collect.handles();
+              if (mode == Mode::kSession) {
+                for (const auto& h : handles[mb]) prefire::attach(h, session(mb));
+              }
+            });
+            break;
+          case Pass::kB:
+            if (prefires(mode)) {
+              phase(trace, "prefire", mb, [&, mb = mb] {
+                for (const auto& h : handles[mb]) prefire::prefire(h, session(mb));
+              });
+            }
+            b_ms += phase(trace, "B", mb, [&, mb = mb] {
+              std::optional<prefire::SessionScope> scope;
+              if (uses_sessions(mode)) scope.emplace(session(mb), prefire::SessionOptions{/*retain_on_unpack=*/true});
+              auto split = prefire::backward_input({y[mb]}, {gy[mb]}, {x[mb]}, params);
+              dx[mb] = split.input_grads[0];
+              weight_passes[mb] = std::move(split.weight_pass);
+            });
+            y[mb].reset();  // the graph belongs to the weight pass now
+            if (uses_sessions(mode)) {
+              const auto stats = prefire::session_stats(session(mb));
+              result.held_b_to_w_bytes = std::max(result.held_b_to_w_bytes, stats.current_bytes);
+              if (stats.peak_bytes > 0) {
+                result.held_b_to_w_fraction =
+                    std::max(result.held_b_to_w_fraction, double(stats.current_bytes) / double(stats.peak_bytes));
+              }
+            }
+            break;
+          case Pass::kW:
+            w_ms += phase(trace, "W", mb, [&, mb = mb] {
+              std::optional<prefire::SessionScope> scope;
+              if (uses_sessions(mode)) scope.emplace(session(mb), prefire::SessionOptions{/*retain_on_unpack=*/false});
+              auto g = weight_passes[mb].run();
+              if (dw.empty()) {
+                dw = g;
+              } else {
+                for (size_t i = 0; i < g.size(); ++i) dw[i].add_(g[i]);
+              }
+            });
+            if (uses_sessions(mode)) {
+              result.peak_session_bytes =
+                  std::max(result.peak_session_bytes, prefire::session_stats(session(mb)).peak_bytes);
+              phase(trace, "clear", mb, [&, mb = mb] { prefire::clear_session(session(mb)); });
+            }
+            break;
+        }
       }
       meter.stop();
-      if (mode == Mode::kSession) {
-        for (int mb = 0; mb < mbs; ++mb)
-          for (const auto& h : handles[mb]) prefire::attach(h, session(mb));
-      }
-      TensorList dx(mbs), dw;
-      auto b_pass = [&](int mb) {  // dx, keeping the graph for W
-        if (prefires(mode)) {
-          phase(trace, "prefire", mb, [&] {
-            for (const auto& h : handles[mb]) prefire::prefire(h, session(mb));
-          });
-        }
-        phase(trace, "B", mb, [&] {
-          std::optional<prefire::SessionScope> scope;
-          if (uses_sessions(mode)) scope.emplace(session(mb), prefire::SessionOptions{/*retain_on_unpack=*/true});
-          dx[mb] = torch::autograd::grad({y[mb]}, {x[mb]}, {gy[mb]}, /*retain_graph=*/true)[0];
-        });
-      };
-      auto w_pass = [&](int mb) {  // dw, releasing the graph
-        phase(trace, "W", mb, [&] {
-          std::optional<prefire::SessionScope> scope;
-          if (uses_sessions(mode)) scope.emplace(session(mb), prefire::SessionOptions{/*retain_on_unpack=*/false});
-          auto g = torch::autograd::grad({y[mb]}, params, {gy[mb]});
-          if (dw.empty()) {
-            dw = g;
-          } else {
-            for (size_t i = 0; i < g.size(); ++i) dw[i].add_(g[i]);
-          }
-          y[mb].reset();
-        });
-        if (uses_sessions(mode)) {
-          result.peak_session_bytes = std::max(result.peak_session_bytes, prefire::session_stats(session(mb)).peak_bytes);
-          phase(trace, "clear", mb, [&] { prefire::clear_session(session(mb)); });
-        }
-      };
-      if (config.order == Order::kAllBThenW) {
-        for (int mb = 0; mb < mbs; ++mb) b_pass(mb);
-        for (int mb = 0; mb < mbs; ++mb) w_pass(mb);
-      } else {
-        for (int mb = 0; mb < mbs; ++mb) {
-          b_pass(mb);
-          w_pass(mb);
-        }
-      }
       {
         c10::NoGradGuard no_grad;
         for (size_t i = 0; i < params.size(); ++i) params[i].sub_(dw[i], config.lr);
@@ -172,6 +232,9 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
       const auto end = Clock::now();
       if (measured) {
         result.step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+        forward_per_mb.push_back(forward_ms / mbs);
+        b_per_mb.push_back(b_ms / mbs);
+        w_per_mb.push_back(w_ms / mbs);
         result.peak_held_bytes = std::max(result.peak_held_bytes, prefire::runtime_stats().peak_held_bytes);
         recomputations_measured += prefire::runtime_stats().recomputations - recomputations_before;
         refused_measured += refused() - refused_before;
@@ -191,6 +254,13 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
   result.peak_device_bytes = device_peak_bytes(config.device);
   result.peak_rss_bytes = config.device.is_cpu() ? peak_rss_bytes() : -1;
   result.recomputes_per_step = double(recomputations_measured) / config.steps;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  result.forward_ms = median(forward_per_mb);
+  result.b_ms = median(b_per_mb);
+  result.w_ms = median(w_per_mb);
   result.refused_per_step = double(refused_measured) / config.steps;
   return result;
 }

@@ -1,8 +1,9 @@
 #pragma once
 
-// One pipeline stage trained through a split-backward schedule: forward of
-// every micro-batch, then a B pass (dx) and a W pass (dw) per micro-batch in
-// one of two orders, then an SGD step, in one of several modes.
+// One pipeline stage trained through a split-backward schedule: per
+// micro-batch a forward, a B pass (prefire::backward_input: dx) and a W pass
+// (prefire::WeightPass: dw, the weight part of the graph only), in one of
+// three orders, then an SGD step, in one of several modes.
 
 #include "model.h"
 #include "trace.h"
@@ -26,12 +27,18 @@ enum class Mode {
 };
 const char* to_string(Mode mode);
 
-/// When the W passes run.
+/// The order of the passes.
 enum class Order {
-  kAllBThenW,    // "zb": every B, then every W (zero-bubble style: W fills bubbles late)
-  kInterleaved,  // "bw": B then W of each micro-batch in turn
+  kAllBThenW,    // "zb": every forward, every B, then every W (W fills bubbles late)
+  kInterleaved,  // "bw": every forward, then B and W of each micro-batch in turn
+  kZbH1,         // "zbh1": one stage of ZB-H1: 1F1B with `in_flight` warm-up forwards, each W deferred
+                 // until `in_flight` more B passes ran
 };
 const char* to_string(Order order);
+
+enum class Pass { kForward, kB, kW };
+/// The passes of one step in `order`: (pass, micro-batch) pairs.
+std::vector<std::pair<Pass, int>> schedule(Order order, int micro_batches, int in_flight);
 
 struct RunConfig {
   ModelConfig model;
@@ -41,6 +48,7 @@ struct RunConfig {
   uint64_t seed = 0;
   double lr = 1e-3;
   Order order = Order::kAllBThenW;
+  int in_flight = 2;  // zbh1: warm-up forwards, and how many B passes a W waits for
   at::Device device = at::Device(at::kCPU);
 };
 
@@ -54,6 +62,9 @@ struct ModeResult {
   double refused_per_step = 0;
   int64_t peak_held_bytes = 0;   // bytes: saved tensors + recomputed tensors, runtime accounting
   int64_t peak_session_bytes = 0;  // bytes: largest peak of one micro-batch's session
+  int64_t held_b_to_w_bytes = 0;   // bytes: largest a session held from the end of its B to its W
+  double held_b_to_w_fraction = 0; // largest (held from B to W) / (the session's peak) of one micro-batch
+  double forward_ms = 0, b_ms = 0, w_ms = 0;  // per micro-batch: medians over the measured steps
   int64_t peak_device_bytes = -1;  // bytes: CUDA allocator peak (CUDA runs only)
   int64_t peak_rss_bytes = -1;     // bytes: process peak RSS over the mode (CPU runs, when measurable)
   double max_grad_diff = 0;      // max |grad - grad(none)| over steps, dx and dw

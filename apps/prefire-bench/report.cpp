@@ -1,10 +1,12 @@
 #include "report.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 namespace prefire_bench {
 
@@ -31,44 +33,65 @@ std::ofstream open_or_throw(const std::string& path) {
 
 void print_table(std::FILE* out, const RunConfig& c, const std::vector<ModeResult>& results) {
   const bool cuda = c.device.is_cuda();
-  std::fprintf(out, "\n%-12s %14s %14s %12s %22s %12s %10s %14s\n", "mode", cuda ? "peak alloc MiB" : "peak held MiB",
-               "session MiB", cuda ? "held MiB" : "peak RSS MiB", "step ms med [min-max]", "recomp/step",
-               "refused", "max|dgrad|");
+  std::fprintf(out, "\n%-12s %14s %12s %10s %12s %22s %22s %12s %8s %11s\n", "mode",
+               cuda ? "peak alloc MiB" : "peak held MiB", "session MiB", "B->W MiB", cuda ? "held MiB" : "peak RSS MiB",
+               "step ms med [min-max]", "F / B / W ms per mb", "recomp/step", "refused", "max|dgrad|");
   for (const auto& r : results) {
     auto s = spread(r.step_ms);
-    char step[64];
+    char step[64], passes[64];
     std::snprintf(step, sizeof step, "%.1f [%.1f-%.1f]", s.median, s.min, s.max);
+    std::snprintf(passes, sizeof passes, "%.1f / %.1f / %.1f", r.forward_ms, r.b_ms, r.w_ms);
     double third = cuda ? mib(r.peak_held_bytes) : (r.peak_rss_bytes >= 0 ? mib(r.peak_rss_bytes) : NAN);
-    std::fprintf(out, "%-12s %14.2f %14.2f %12.1f %22s %12.1f %10.1f %14.3g\n", r.label.c_str(),
-                 mib(headline_bytes(r)), mib(r.peak_session_bytes), third, step, r.recomputes_per_step,
-                 r.refused_per_step, r.max_grad_diff);
+    std::fprintf(out, "%-12s %14.2f %12.2f %10.2f %12.1f %22s %22s %12.1f %8.1f %11.3g\n", r.label.c_str(),
+                 mib(headline_bytes(r)), mib(r.peak_session_bytes), mib(r.held_b_to_w_bytes), third, step, passes,
+                 r.recomputes_per_step, r.refused_per_step, r.max_grad_diff);
   }
 }
 
+namespace {
+// A figure measured only where it applies: JSON null otherwise (and for NaN).
+template <typename T>
+nlohmann::json measured(T value, bool applies = true) {
+  if constexpr (std::is_floating_point_v<T>) applies = applies && std::isfinite(value);
+  return applies ? nlohmann::json(value) : nlohmann::json(nullptr);
+}
+}  // namespace
+
 void write_json(const std::string& path, const RunConfig& c, const std::vector<ModeResult>& results) {
-  auto out = open_or_throw(path);
   const auto& m = c.model;
-  out << "{\n  \"config\": {\"layers\": " << m.layers << ", \"hidden\": " << m.hidden << ", \"heads\": " << m.heads
-      << ", \"seq\": " << m.seq << ", \"micro_batch\": " << m.micro_batch << ", \"micro_batches\": " << c.micro_batches
-      << ", \"steps\": " << c.steps << ", \"warmup\": " << c.warmup << ", \"dropout\": " << m.dropout
-      << ", \"seed\": " << c.seed << ", \"order\": \"" << to_string(c.order) << "\", \"device\": \""
-      << c.device.str() << "\"},\n  \"modes\": [\n";
-  for (size_t i = 0; i < results.size(); ++i) {
-    const auto& r = results[i];
-    auto s = spread(r.step_ms);
-    out << "    {\"label\": \"" << r.label << "\", \"mode\": \"" << to_string(r.mode) << "\", \"budget_fraction\": "
-        << (r.budget_fraction ? std::to_string(*r.budget_fraction) : "null") << ", \"budget_bytes\": "
-        << r.budget_bytes << ", \"peak_held_bytes\": " << r.peak_held_bytes
-        << ", \"peak_session_bytes\": " << r.peak_session_bytes << ", \"peak_device_bytes\": "
-        << (r.peak_device_bytes >= 0 ? std::to_string(r.peak_device_bytes) : "null") << ", \"peak_rss_bytes\": "
-        << (r.peak_rss_bytes >= 0 ? std::to_string(r.peak_rss_bytes) : "null") << ", \"step_ms\": {\"median\": "
-        << s.median << ", \"min\": " << s.min << ", \"max\": " << s.max << ", \"all\": [";
-    for (size_t k = 0; k < r.step_ms.size(); ++k) out << (k ? ", " : "") << r.step_ms[k];
-    out << "]}, \"recomputes_per_step\": " << r.recomputes_per_step << ", \"refused_prefires_per_step\": "
-        << r.refused_per_step << ", \"max_grad_diff\": " << r.max_grad_diff << "}"
-        << (i + 1 < results.size() ? ",\n" : "\n");
+  nlohmann::json report;
+  report["config"] = {{"layers", m.layers},         {"hidden", m.hidden},
+                      {"heads", m.heads},           {"seq", m.seq},
+                      {"micro_batch", m.micro_batch}, {"micro_batches", c.micro_batches},
+                      {"steps", c.steps},           {"warmup", c.warmup},
+                      {"dropout", m.dropout},       {"seed", c.seed},
+                      {"order", to_string(c.order)}, {"in_flight", c.in_flight},
+                      {"device", c.device.str()}};
+  nlohmann::json modes = nlohmann::json::array();
+  for (const auto& r : results) {
+    const auto s = spread(r.step_ms);
+    const bool sessions = r.mode == Mode::kSession || r.mode == Mode::kPrefire || r.mode == Mode::kBudget;
+    modes.push_back({
+        {"label", r.label},
+        {"mode", to_string(r.mode)},
+        {"budget_fraction", r.budget_fraction ? nlohmann::json(*r.budget_fraction) : nlohmann::json(nullptr)},
+        {"budget_bytes", r.budget_bytes},
+        {"peak_held_bytes", r.peak_held_bytes},
+        {"peak_session_bytes", r.peak_session_bytes},
+        {"held_b_to_w_bytes", measured(r.held_b_to_w_bytes, sessions)},
+        {"held_b_to_w_fraction", measured(r.held_b_to_w_fraction, sessions)},
+        {"peak_device_bytes", measured(r.peak_device_bytes, r.peak_device_bytes >= 0)},
+        {"peak_rss_bytes", measured(r.peak_rss_bytes, r.peak_rss_bytes >= 0)},
+        {"step_ms", {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"all", r.step_ms}}},
+        {"per_micro_batch_ms", {{"forward", r.forward_ms}, {"b", r.b_ms}, {"w", r.w_ms}}},
+        {"recomputes_per_step", r.recomputes_per_step},
+        {"refused_prefires_per_step", r.refused_per_step},
+        {"max_grad_diff", measured(r.max_grad_diff)},
+    });
   }
-  out << "  ]\n}\n";
+  report["modes"] = std::move(modes);
+  auto out = open_or_throw(path);
+  out << report.dump(2) << "\n";
 }
 
 void write_svg(const std::string& path, const RunConfig& c, const std::vector<ModeResult>& results) {
