@@ -17,23 +17,6 @@ constexpr int64_t kDim = 16;
 
 int64_t recomputations() { return runtime_stats().recomputations; }
 
-/// A pipeline stage: `layers` blocks, each checkpointed (or not).
-struct Stage {
-  std::vector<Block> blocks;
-  explicit Stage(int layers, double dropout = 0.1) {
-    for (int i = 0; i < layers; ++i) blocks.emplace_back(kDim, dropout);
-  }
-  TensorList params() const {
-    TensorList all;
-    for (const auto& b : blocks) all = concat(all, b.params());
-    return all;
-  }
-  at::Tensor forward(at::Tensor x, bool checkpointed, CheckpointOptions options = {}) const {
-    for (const auto& b : blocks) x = checkpointed ? checkpoint(b.fn(), {x}, options)[0] : b.forward(x);
-    return x;
-  }
-};
-
 struct MicroBatch {
   at::Tensor x, y, gy;
 };

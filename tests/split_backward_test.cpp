@@ -19,22 +19,6 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kDim = 16;
 
-struct Stage {
-  std::vector<Block> blocks;
-  explicit Stage(int layers, double dropout = 0.1) {
-    for (int i = 0; i < layers; ++i) blocks.emplace_back(kDim, dropout);
-  }
-  TensorList params() const {
-    TensorList all;
-    for (const auto& b : blocks) all = concat(all, b.params());
-    return all;
-  }
-  at::Tensor forward(at::Tensor x, bool checkpointed) const {
-    for (const auto& b : blocks) x = checkpointed ? checkpoint(b.fn(), {x})[0] : b.forward(x);
-    return x;
-  }
-};
-
 struct Batch {
   at::Tensor x, gy;
 };

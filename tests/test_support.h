@@ -122,6 +122,23 @@ inline TensorList concat(TensorList a, const TensorList& b) {
   return a;
 }
 
+/// A pipeline stage: `layers` blocks of width `dim`, each checkpointed (or not).
+struct Stage {
+  std::vector<Block> blocks;
+  explicit Stage(int layers, double dropout = 0.1, int64_t dim = 16) {
+    for (int i = 0; i < layers; ++i) blocks.emplace_back(dim, dropout);
+  }
+  TensorList params() const {
+    TensorList all;
+    for (const auto& b : blocks) all = concat(all, b.params());
+    return all;
+  }
+  at::Tensor forward(at::Tensor x, bool checkpointed, CheckpointOptions options = {}) const {
+    for (const auto& b : blocks) x = checkpointed ? checkpoint(b.fn(), {x}, options)[0] : b.forward(x);
+    return x;
+  }
+};
+
 /// The message of the `E` that `f` throws; a test failure (and "") when `f`
 /// throws nothing.
 template <typename E = CheckpointError, typename F>
