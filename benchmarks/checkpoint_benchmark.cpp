@@ -5,7 +5,9 @@
 // * Per-call overhead: checkpointed minus unchecked, in microseconds (it
 //   includes the recomputation's own ops), and the part of it beyond the
 //   floor every checkpoint pays: the forward run again with autograd
-//   recording (its graph thrown away), timed as BM_Call_RecomputeFloor.
+//   recording (its graph thrown away), timed as BM_Call_RecomputeFloor;
+//   and beyond BM_Call_HookedFloor, the same with the forward's saved
+//   tensors going through saved-tensor hooks, as in any hook-based checkpoint.
 // * B/W split: one micro-batch of a GPT-style stage, forward then B
 //   (prefire::backward_input) then W (prefire::WeightPass), in four modes: no
 //   checkpoint, checkpoint keyed by graph task (recomputes in both passes),
@@ -65,6 +67,26 @@ void BM_Call_RecomputeFloor(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Call_RecomputeFloor)->Unit(benchmark::kMicrosecond);
+
+// The floor of a checkpoint built on saved-tensor hooks, as prefire and
+// torch.utils.checkpoint are: the recompute floor with every tensor the
+// forward saves going through a pack and an unpack hook (a SavedTensorMeter's,
+// which only holds the tensor).
+void BM_Call_HookedFloor(benchmark::State& state) {
+  Tiny t;
+  for (auto _ : state) {
+    at::Tensor y;
+    {
+      prefire::SavedTensorMeter hooked;
+      y = t.forward(t.x);
+    }
+    auto again = t.forward(t.x);
+    benchmark::DoNotOptimize(again.data_ptr());
+    auto g = torch::autograd::grad({y.sum()}, {t.x, t.w});
+    benchmark::DoNotOptimize(g.data());
+  }
+}
+BENCHMARK(BM_Call_HookedFloor)->Unit(benchmark::kMicrosecond);
 
 void BM_Call_Checkpoint(benchmark::State& state, prefire::CheckpointOptions options) {
   Tiny t;
@@ -169,7 +191,7 @@ int main(int argc, char** argv) {
        {"B/W split: session / no checkpoint", {"BM_Split/Session", "BM_Split/None"}}},
       &reporter);
   const double checkpointed = reporter.ns("BM_Call_Checkpoint/Default"), plain = reporter.ns("BM_Call_NoCheckpoint"),
-               floor = reporter.ns("BM_Call_RecomputeFloor");
+               floor = reporter.ns("BM_Call_RecomputeFloor"), hooked = reporter.ns("BM_Call_HookedFloor");
   if (checkpointed > 0 && plain > 0) {
     std::printf("  %-50s %.2f us (checkpointed - unchecked, recomputation included)\n",
                 "per-call overhead (tiny block)", (checkpointed - plain) / 1e3);
@@ -177,6 +199,10 @@ int main(int argc, char** argv) {
   if (checkpointed > 0 && floor > 0) {
     std::printf("  %-50s %.2f us (checkpointed - recompute floor: prefire's own work)\n",
                 "per-call overhead beyond the recomputation", (checkpointed - floor) / 1e3);
+  }
+  if (checkpointed > 0 && hooked > 0) {
+    std::printf("  %-50s %.2f us (checkpointed - hooked floor)\n", "per-call overhead beyond hooks + recomputation",
+                (checkpointed - hooked) / 1e3);
   }
   auto& peaks = peak_bytes();
   if (peaks.count(Split::kNone) && peaks[Split::kNone] > 0) {

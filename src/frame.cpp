@@ -54,16 +54,16 @@ namespace {
 // it (only a catch (...) that does not rethrow can).
 //
 // The signal is not free: unwinding through the dispatcher and autograd costs
-// ~15 us on a 2-core x86 machine. So forward notes what a stop would cut:
-// whether it created an autograd node after the one that saved the last
-// tensor (at::sequence_number, per thread), and how long the rest of the
-// function took on the host. When it created none, the only things left are
-// the last op's own kernel and code that does no autograd work; if those took
-// less than kStopSignalCost, the recomputation runs to its end instead of
-// being stopped. Checkpoints with CUDA inputs always stop: their kernels run
-// asynchronously, so the host time says nothing of what a stop saves.
+// ~15 us on a 2-core x86 machine. So forward notes whether a stop would cut
+// any autograd work: whether it created an autograd node after the one that
+// saved the last tensor (at::sequence_number, per thread). When it created
+// none, the rest of the function builds nothing backward needs, and the
+// recomputation runs to its end instead of being stopped. The rule is
+// deliberately not a timing: whether the rest of `fn` runs again is the same
+// on every run and every machine. Checkpoints with CUDA inputs always stop
+// (their kernels run asynchronously; a stop also keeps the prefire stream
+// free of work nobody uses).
 struct StopRecompute {};
-constexpr auto kStopSignalCost = std::chrono::microseconds(20);
 
 // The forward's placeholder for one saved tensor.
 class SlotRef final : public PackedTensor {
@@ -225,7 +225,6 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
     alive_.push_back(1);
   }
   last_pack_sequence_nr_ = at::sequence_number::peek();  // See Note [Early stop]
-  last_pack_time_ = std::chrono::steady_clock::now();
   return std::make_unique<SlotRef>(shared_from_this(), slot);
 }
 
@@ -244,9 +243,8 @@ std::pair<TensorList, bool> Frame::forward(const TensorList& inputs) {
   }
   num_slots_ = metadata_.size();
   // See Note [Early stop].
-  const bool work_after_last_save = at::sequence_number::peek() != last_pack_sequence_nr_ ||
-                                    std::chrono::steady_clock::now() - last_pack_time_ >= kStopSignalCost;
-  stop_at_last_slot_ = options_.early_stop && (prefire_device_.has_value() || work_after_last_save);
+  const bool autograd_work_after_last_save = at::sequence_number::peek() != last_pack_sequence_nr_;
+  stop_at_last_slot_ = options_.early_stop && (prefire_device_.has_value() || autograd_work_after_last_save);
   forward_uncounted_.clear();
   forward_counted_.clear();
   forward_pins_.clear();

@@ -16,7 +16,6 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -139,7 +138,6 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   int64_t expected_bytes_ = 0;
   bool stop_at_last_slot_ = false;  // See Note [Early stop] in frame.cpp
   uint64_t last_pack_sequence_nr_ = 0;
-  std::chrono::steady_clock::time_point last_pack_time_;
   std::vector<std::weak_ptr<Frame>> nested_;  // checkpoints created inside the forward run
   // Forward only: storages that do not count (inputs) and storages counted,
   // pinned so that their addresses stay unique until the forward ends.

@@ -10,7 +10,9 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace prefire::testing {
 namespace {
@@ -61,6 +63,28 @@ TEST(CheckpointSemantics, EarlyStopSignalIsNotAStdException) {
   int caught = 0;
   EXPECT_EQ(run_with_early_stop(true, &caught), 1);
   EXPECT_EQ(caught, 0) << "user code caught the early-stop signal as std::exception";
+}
+
+// See Note [Early stop]: where the code after the last save creates no
+// autograd node, no stop is signalled and it runs again, however long it
+// takes (the rule does not depend on timing). Counts its runs.
+int runs_of_tail_without_autograd_work(std::chrono::microseconds tail) {
+  int after_last_save = 0;
+  CheckpointFn fn = [&](const TensorList& in) {
+    auto b = in[0].sin().cos();  // saves in[0], then the sine: the last save
+    ++after_last_save;
+    if (tail.count() > 0) std::this_thread::sleep_for(tail);
+    return TensorList{b};
+  };
+  auto x = input();
+  auto y = checkpoint(fn, {x})[0];
+  expect_all_equal(grads(y, {x}), grads(x.sin().cos(), {x}));
+  return after_last_save;
+}
+
+TEST(CheckpointSemantics, TailWithoutAutogradWorkRunsAgainInsteadOfBeingStopped) {
+  EXPECT_EQ(runs_of_tail_without_autograd_work(std::chrono::microseconds(0)), 2);
+  EXPECT_EQ(runs_of_tail_without_autograd_work(std::chrono::milliseconds(2)), 2);
 }
 
 // ---- RNG --------------------------------------------------------------------------

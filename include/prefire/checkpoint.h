@@ -54,7 +54,10 @@ struct ContextFn {
 
 struct CheckpointOptions {
   /// Stop a recomputation as soon as every tensor forward saved has been saved
-  /// again; the rest of `fn` does not run.
+  /// again; the rest of `fn` does not run. Where the rest builds nothing
+  /// backward needs (in forward, `fn` created no autograd node after its last
+  /// save) and no input is on CUDA, the rest runs instead and its outputs are
+  /// dropped: stopping costs more than it would save (Note [Early stop]).
   bool early_stop = true;
   /// Capture the CPU generator and the generators of every CUDA device of the
   /// inputs at forward, and run the recomputation from that state. The
