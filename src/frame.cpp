@@ -36,6 +36,7 @@
 #include <ATen/SequenceNumber.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -266,7 +267,9 @@ std::vector<std::shared_ptr<Frame>> Frame::with_nested() {
 void Frame::release_slot(size_t slot) noexcept {
   // See Note [Memory that follows the passes] in split_backward.cpp: a
   // recomputed tensor no saved tensor refers to any more goes at once.
-  std::vector<std::shared_ptr<Recomputation>> holders;
+  // Dropped outside the frame's lock, collected without a heap allocation
+  // in the usual case (one session or one graph task).
+  c10::SmallVector<std::shared_ptr<Recomputation>, 2> holders;
   {
     std::lock_guard<std::mutex> lock(mu_);
     alive_[slot] = 0;

@@ -81,13 +81,14 @@ const char* to_string(Mode mode) {
   return "?";
 }
 
+bool uses_sessions(Mode m) { return m == Mode::kSession || m == Mode::kPrefire || m == Mode::kBudget; }
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using prefire::TensorList;
 
 bool checkpointed(Mode m) { return m != Mode::kNone; }
-bool uses_sessions(Mode m) { return m == Mode::kSession || m == Mode::kPrefire || m == Mode::kBudget; }
 bool prefires(Mode m) { return m == Mode::kPrefire || m == Mode::kBudget; }
 
 at::Tensor stage_forward(const Stage& stage, at::Tensor h, bool checkpoint) {

@@ -26,6 +26,8 @@ enum class Mode {
   kBudget,     // prefire under a byte budget per session
 };
 const char* to_string(Mode mode);
+/// Whether `mode` gives each micro-batch a session (session, prefire, budget).
+bool uses_sessions(Mode mode);
 
 /// The order of the passes.
 enum class Order {

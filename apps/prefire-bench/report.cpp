@@ -70,7 +70,7 @@ void write_json(const std::string& path, const RunConfig& c, const std::vector<M
   nlohmann::json modes = nlohmann::json::array();
   for (const auto& r : results) {
     const auto s = spread(r.step_ms);
-    const bool sessions = r.mode == Mode::kSession || r.mode == Mode::kPrefire || r.mode == Mode::kBudget;
+    const bool sessions = uses_sessions(r.mode);
     modes.push_back({
         {"label", r.label},
         {"mode", to_string(r.mode)},
