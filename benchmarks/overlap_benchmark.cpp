@@ -1,11 +1,13 @@
 // How much recomputation prefire hides behind an idle window (GPU only).
 //
-// A stack of transformer blocks on the GPU; each step is forward, an idle
-// window on the main stream (a spin kernel on one SM, standing in for a
-// pipeline receive) as long as the stack's forward, then backward:
+// A stack of transformer blocks on the GPU; each step is forward, a pipeline
+// receive (a sleep kernel on a receive stream, as long as the stack's
+// forward, starting when forward is done; the main stream waits for it before
+// backward), then backward:
 //   (a) Lazy:     checkpointed, recomputation inside backward;
-//   (b) Prefire:  checkpointed, prefire enqueued before the window, so the
-//                 prefire stream recomputes while the main stream waits;
+//   (b) Prefire:  checkpointed, prefire issued after the receive is posted and
+//                 before the main stream waits for it, as a pipeline stage
+//                 would: the prefire stream recomputes during the receive;
 //   (c) NoCkpt:   no checkpoint.
 // Printed: hidden fraction H = (a - b) / (a - c) (target >= 0.8) and, with
 // no window, the compute-bound ratio b / a (target <= 1.02).
@@ -24,9 +26,8 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #if PREFIRE_WITH_CUDA
-#include "../kernels/spin.h"
-
-#include <c10/cuda/CUDAException.h>
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -80,9 +81,32 @@ double elapsed_ms(const std::function<void()>& work) {
   return start.elapsedTime(end);
 }
 
-void spin(int64_t cycles) {
-  if (cycles > 0) C10_CUDA_CHECK(prefire::kernels::launch_spin(cycles, c10::cuda::getCurrentCUDAStream().stream()));
-}
+/// A pipeline receive: `cycles` of a sleep kernel on a stream of its own,
+/// starting when the main stream's forward is done (the stage sent its
+/// activations; the gradient comes back after the next stage's work).
+/// wait() makes the main stream wait for it, as a stage waits for the
+/// activation gradient of the next stage.
+class Receive {
+ public:
+  explicit Receive(int64_t cycles) {
+    if (cycles <= 0) return;
+    static const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+    c10::Event forward_done(c10::DeviceType::CUDA);
+    forward_done.record(c10::cuda::getCurrentCUDAStream().unwrap());
+    forward_done.block(stream.unwrap());
+    c10::cuda::CUDAStreamGuard on(stream);
+    at::cuda::sleep(cycles);
+    done_.record(stream.unwrap());
+    posted_ = true;
+  }
+  void wait() {
+    if (posted_) done_.block(c10::cuda::getCurrentCUDAStream().unwrap());
+  }
+
+ private:
+  c10::Event done_{c10::DeviceType::CUDA};
+  bool posted_ = false;
+};
 
 at::Tensor forward(Mode mode, std::vector<prefire::CheckpointHandle>* handles) {
   auto& m = model();
@@ -101,10 +125,11 @@ void step(Mode mode, bool window) {
   auto& m = model();
   std::vector<prefire::CheckpointHandle> handles;
   auto y = forward(mode, &handles);
+  Receive receive(window ? m.window_cycles : 0);
   if (mode == Mode::kPrefire) {
-    for (const auto& h : handles) prefire::prefire(h, 0);  // enqueued on the prefire stream first
+    for (const auto& h : handles) prefire::prefire(h, 0);  // recomputes while the receive is in flight
   }
-  if (window) spin(m.window_cycles);  // the main stream waits; the prefire stream works
+  receive.wait();
   std::optional<prefire::SessionScope> scope;
   if (mode == Mode::kPrefire) scope.emplace(0, prefire::SessionOptions{false});
   torch::autograd::backward({y}, {m.gy});
@@ -112,22 +137,24 @@ void step(Mode mode, bool window) {
   prefire::clear_session(0);
 }
 
-// Calibrates the window: as long as the stack's forward (what recomputation costs).
+// Calibrates the window: as long as the stack's forward (what recomputation
+// costs), measured after warm-up (the first no-grad forwards load kernels).
 void calibrate() {
   auto& m = model();
   if (m.window_cycles > 0) return;
   for (int i = 0; i < 3; ++i) step(Mode::kNoCheckpoint, false);
+  auto no_grad_forward = [] {
+    c10::NoGradGuard no_grad;
+    forward(Mode::kNoCheckpoint, nullptr);
+  };
+  for (int i = 0; i < 3; ++i) elapsed_ms(no_grad_forward);
   double forward_ms = 0;
-  for (int i = 0; i < 5; ++i) {
-    forward_ms += elapsed_ms([] {
-      c10::NoGradGuard no_grad;
-      forward(Mode::kNoCheckpoint, nullptr);
-    }) / 5;
-  }
+  for (int i = 0; i < 5; ++i) forward_ms += elapsed_ms(no_grad_forward) / 5;
   const int64_t probe = 10'000'000;
-  double probe_ms = elapsed_ms([&] { spin(probe); });
-  m.window_cycles = static_cast<int64_t>(probe * (1.1 * forward_ms / probe_ms));
-  std::printf("window: %.3f ms (the stack's forward: %.3f ms)\n", 1.1 * forward_ms, forward_ms);
+  elapsed_ms([&] { at::cuda::sleep(probe); });
+  double probe_ms = elapsed_ms([&] { at::cuda::sleep(probe); });
+  m.window_cycles = static_cast<int64_t>(probe * (forward_ms / probe_ms));
+  std::printf("window: %.3f ms (the stack's forward, no grad)\n", forward_ms);
 }
 
 void BM_Step(benchmark::State& state, Mode mode, bool window) {

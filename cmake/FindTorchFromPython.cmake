@@ -34,7 +34,10 @@ if(PREFIRE_TORCH_HAS_CUDA AND NOT TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH
   set(TORCH_CUDA_ARCH_LIST "9.0")
 endif()
 # torch's config warns about optional libraries prefire does not use (kineto,
-# nvrtc) and overwrites CMAKE_CUDA_ARCHITECTURES with OFF; keep both away.
+# nvrtc), enables CUDA with nvcc's default architecture and overwrites
+# CMAKE_CUDA_ARCHITECTURES with OFF; keep all of that away. prefire's kernels
+# build for the architectures the caller names (scripts/gpu-check.sh: 90), by
+# default Ampere and Hopper machine code plus PTX for later GPUs.
 set(_prefire_saved_log_level "${CMAKE_MESSAGE_LOG_LEVEL}")
 set(CMAKE_MESSAGE_LOG_LEVEL ERROR)
 if(DEFINED CMAKE_CUDA_ARCHITECTURES)
@@ -44,9 +47,10 @@ if(DEFINED CMAKE_CUDA_ARCHITECTURES)
 endif()
 find_package(Torch REQUIRED)
 unset(CMAKE_CUDA_ARCHITECTURES)
-if(DEFINED _prefire_cuda_archs)
-  set(CMAKE_CUDA_ARCHITECTURES "${_prefire_cuda_archs}" CACHE STRING "CUDA architectures for prefire's kernels" FORCE)
+if(NOT DEFINED _prefire_cuda_archs)
+  set(_prefire_cuda_archs "80-real;90-real;90-virtual")
 endif()
+set(CMAKE_CUDA_ARCHITECTURES "${_prefire_cuda_archs}" CACHE STRING "CUDA architectures for prefire's kernels" FORCE)
 set(CMAKE_MESSAGE_LOG_LEVEL "${_prefire_saved_log_level}")
 
 set(PREFIRE_TORCH_LIBRARIES ${TORCH_LIBRARIES})

@@ -507,9 +507,8 @@ RecomputeEvent Frame::recompute(Recomputation& r, RecomputeEvent::Kind kind, std
     // A prefire runs on the device's prefire stream; see Note [Stream ordering of prefire].
     std::optional<PrefireRun> run;
     if (prefiring) {
-      run.emplace(prefire_device_);
-      for (const auto& arg : args) run->use(arg);
-      if (run->on_device()) r.count_in_pool();
+      run.emplace(prefire_device_, args);
+      if (run->in_pool()) r.count_in_pool();
     }
     {
       StateRestoreGuard state(state_);  // See Note [Restoring state for recompute]

@@ -122,6 +122,7 @@ void Recomputation::reset(size_t num_slots) {
   std::lock_guard<std::mutex> lock(mu_);
   release_all();
   in_pool_ = false;
+  ready_.reset();
   tensors_.assign(num_slots, at::Tensor());
   consumed_.assign(num_slots, 0);
   counted_.assign(num_slots, 0);

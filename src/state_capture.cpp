@@ -128,12 +128,8 @@ StateRestoreGuard::StateRestoreGuard(const CapturedState& state)
       at::set_num_threads(state.intra_op_threads);
     }
     state.autocast.apply();
-    // Like entering an autocast region: the weight casts it caches are
-    // dropped when the outermost region ends (restore()).
-    if (state.autocast.cpu_enabled || state.autocast.cuda_enabled) {
-      at::autocast::increment_nesting();
-      autocast_nested_ = true;
-    }
+    // See Note [Autocast's cast cache in recomputation].
+    at::autocast::set_autocast_cache_enabled(false);
   } catch (...) {
     restore();
     throw;
@@ -144,7 +140,6 @@ StateRestoreGuard::~StateRestoreGuard() { restore(); }
 
 void StateRestoreGuard::restore() noexcept {
   // Teardown never throws: try every step, report what failed.
-  if (autocast_nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   saved_autocast_.apply();  // thread-local setters; cannot fail
   if (saved_device_) cuda_guard_impl()->uncheckedSetDevice(*saved_device_);
   if (saved_threads_) {

@@ -8,9 +8,20 @@
 // context), applied around every recomputation, and the caller's state is put
 // back afterwards, on success and on exception. Generators are read and
 // written under their own mutex. Autocast settings are thread-local and need
-// no lock; a recomputation under autocast counts as an autocast region
-// (nesting), so the casts it caches are cleared when it ends, as at the end of
-// forward's region.
+// no lock.
+//
+// Note [Autocast's cast cache in recomputation]
+// Autocast caches the low-precision casts of leaf tensors that require grad
+// (the weights) in one process-wide map, filled inside autocast regions and
+// cleared when a thread's outermost region ends. A recomputation must not
+// use it: a prefire's casts are made on the prefire stream and another
+// thread's region would read them with no stream order; a cast the main
+// stream made would be read on the prefire stream; and a recomputation that
+// ended a region of its own (a lazy one on an autograd device thread) would
+// clear the cache under another thread's forward. So a recomputation runs
+// with the cache disabled (a thread-local setting) and enters no region: it
+// casts the weights it uses afresh, the same values forward cast, and leaves
+// the map as it found it.
 //
 // The intra-op thread count is state too: CPU reductions split their work by
 // it, so a recomputation under another count computes other bits than forward
@@ -106,7 +117,6 @@ class StateRestoreGuard {
   AutocastState saved_autocast_;
   std::optional<c10::Device> saved_device_;
   std::optional<int> saved_threads_;  // set when the recomputation changed the thread count
-  bool autocast_nested_ = false;      // entered an autocast region; leave it in restore()
 };
 
 /// The lock of Note [Recomputations that restore generators].

@@ -164,6 +164,41 @@ TEST(CheckpointSemantics, CpuAutocastReappliedInRecomputeOutsideAutocast) {
   at::autocast::decrement_nesting();
 }
 
+// See Note [Autocast's cast cache in recomputation]. The main thread holds an
+// autocast region (its cast of w cached) while a prefire on another thread
+// recomputes under autocast: the recomputation must not read that cast, and
+// must not clear it when it ends.
+TEST(CheckpointSemantics, AutocastRecomputationNeitherReadsNorClearsAnotherRegionsCastCache) {
+  at::manual_seed(14);
+  auto x = input(32);
+  auto w = param({32, 32});
+  std::atomic<int> calls{0};
+  at::Tensor cast_in_recompute;
+  CheckpointFn fn = [&](const TensorList& in) {
+    if (++calls == 2) cast_in_recompute = at::autocast::cached_cast(at::kBFloat16, w, at::kCPU);
+    return TensorList{at::linear(in[0], w).sin()};
+  };
+  CpuAutocast autocast(at::kBFloat16);
+  at::autocast::increment_nesting();  // the main thread's region
+  auto cached = at::autocast::cached_cast(at::kBFloat16, w, at::kCPU);
+  ASSERT_EQ(at::autocast::cached_cast(at::kBFloat16, w, at::kCPU).data_ptr(), cached.data_ptr());
+  HandleCollector collect;
+  auto y = checkpoint(fn, {x})[0];
+  std::thread([&] { prefire(collect.handles().at(0), 40); }).join();
+  ASSERT_EQ(calls.load(), 2);
+  EXPECT_NE(cast_in_recompute.data_ptr(), cached.data_ptr()) << "the recomputation read another region's cast";
+  EXPECT_EQ(at::autocast::cached_cast(at::kBFloat16, w, at::kCPU).data_ptr(), cached.data_ptr())
+      << "the recomputation cleared another region's cast cache";
+  at::autocast::decrement_nesting();
+  TensorList g;
+  {
+    SessionScope scope(40, {false});
+    g = grads(y.to(at::kFloat), {x, w});
+  }
+  clear_session(40);
+  EXPECT_TRUE(g[0].defined() && g[1].defined());
+}
+
 // ---- intra-op threads -------------------------------------------------------------
 
 // A function whose saved tensor is a sum over 4M floats: CPU reductions split

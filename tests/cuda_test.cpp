@@ -1,7 +1,9 @@
-// The CUDA runtime on a real GPU: prefire on the dedicated stream with event
-// handoff, Philox state restore (dropout masks), CUDA autocast restore, the
-// session buffer pool (reserved memory stable after warm-up, pool bytes in the
-// session stats), and the checksum kernel against the CPU loop. Every test
+// The CUDA runtime on a real GPU: prefire on the prefire stream (prefire's
+// own, not one of c10's pool streams) with event handoff, Philox state
+// restore (dropout masks), CUDA autocast restore and the cast cache left
+// alone, the session buffer pool (pool bytes in the session stats, its memory
+// given back by empty_cache() once every session is cleared), reserved memory
+// stable after warm-up, and the checksum kernel against the CPU loop. Every test
 // skips without a GPU (GTEST_SKIP), and the file compiles to skips alone in a
 // build without CUDA.
 //
@@ -13,8 +15,11 @@
 #if PREFIRE_WITH_CUDA
 #include "checksum.h"
 
+#include <prefire/cuda_stream.h>
+
 #include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -54,6 +59,23 @@ struct CudaStage {
   }
 };
 
+/// Turns the session buffer pool on or off for a scope.
+class PoolSetting {
+ public:
+  explicit PoolSetting(bool on) : before_(session_pool_enabled()) { set_session_pool_enabled(on); }
+  ~PoolSetting() { set_session_pool_enabled(before_); }
+
+ private:
+  bool before_;
+};
+
+int64_t reserved_bytes() {
+  c10::cuda::getCurrentCUDAStream().synchronize();
+  prefire_stream(0).synchronize();
+  auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+}
+
 struct SplitResult {
   TensorList dx, dw;
 };
@@ -88,6 +110,7 @@ TEST(Cuda, PrefireOnSideStreamMatchesUncheckedAndRecomputesOnce) {
   auto y = stage.forward(x, true);
   at::rand({1 << 20}, kCuda);  // other Philox work between forward and prefire
   int64_t before = runtime_stats().recomputations;
+  PoolSetting pool(true);
   for (const auto& h : collect.handles()) ASSERT_EQ(prefire(h, 100), PrefireStatus::kRecomputed);
   EXPECT_GT(session_stats(100).pool_bytes, 0) << "prefire allocations did not land in the session pool";
   auto got = split_backward(x, y, gy, stage.params(), 100);
@@ -111,6 +134,7 @@ TEST(Cuda, PrefireRunsOnTheDedicatedStreamAndLazyOnTheBackwardStream) {
   prefire(collect.handles().at(0), 101);  // streams[1]
   ASSERT_EQ(streams.size(), 2u);
   EXPECT_NE(streams[1], streams[0]) << "prefire ran on the caller's stream";
+  EXPECT_EQ(streams[1], prefire_stream(0)) << "prefire ran on another stream than prefire_stream()";
   { SessionScope s(101, {false}); torch::autograd::grad({y.sum()}, {x}); }
   clear_session(101);
 
@@ -172,32 +196,106 @@ TEST(Cuda, Bf16AutocastRestoredWhenPrefireRunsOutsideAutocast) {
   clear_session(103);
 }
 
-TEST(Cuda, SessionPoolReservedMemoryStableAfterWarmup) {
+TEST(Cuda, PrefireStreamIsPrefiresOwnNotOneOfC10sPoolStreams) {
   PREFIRE_REQUIRE_GPU();
-  CudaStage stage(4, 0.1);
-  auto x = at::randn({8, 64, kDim}, kCuda).requires_grad_(true);
-  auto gy = at::randn({8, 64, kDim}, kCuda);
-  auto reserved = [] {
-    c10::cuda::getCurrentCUDAStream().synchronize();
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
-    return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
-  };
-  int64_t after_second = 0;
-  int64_t pool_after_second = 0;
-  for (int iteration = 1; iteration <= 20; ++iteration) {
-    HandleCollector collect;
-    auto y = stage.forward(x, true);
-    for (const auto& h : collect.handles()) prefire(h, 104);
-    split_backward(x, y, gy, stage.params(), 104);
-    clear_session(104);
-    if (iteration == 2) {
-      after_second = reserved();
-      pool_after_second = session_pool_reserved_bytes();
+  auto mine = prefire_stream(0);
+  EXPECT_EQ(mine, prefire_stream(0)) << "one prefire stream per device";
+  EXPECT_NE(mine, c10::cuda::getDefaultCUDAStream(0));
+  for (bool high : {false, true}) {
+    for (int i = 0; i < 64; ++i) {  // twice round every pool of 32
+      EXPECT_NE(c10::cuda::getStreamFromPool(high, 0), mine) << "the prefire stream is shared with c10's pool";
     }
   }
-  EXPECT_GT(pool_after_second, 0);
-  EXPECT_EQ(reserved(), after_second) << "reserved memory grew after warm-up";
-  EXPECT_EQ(session_pool_reserved_bytes(), pool_after_second);
+}
+
+TEST(Cuda, ReservedMemoryStableAfterWarmup) {
+  PREFIRE_REQUIRE_GPU();
+  for (bool pool_on : {false, true}) {
+    SCOPED_TRACE(pool_on ? "session pool on" : "session pool off");
+    c10::cuda::CUDACachingAllocator::emptyCache();  // earlier tests' released pools
+    PoolSetting pool(pool_on);
+    CudaStage stage(4, 0.1);
+    auto x = at::randn({8, 64, kDim}, kCuda).requires_grad_(true);
+    auto gy = at::randn({8, 64, kDim}, kCuda);
+    // Session 105 stays open across iterations (a micro-batch in flight over
+    // the step boundary), so with the pool on one pool serves every step.
+    HandleCollector carried;
+    auto y_carried = stage.forward(x, true);
+    for (const auto& h : carried.handles()) prefire(h, 105);
+    int64_t after_warmup = 0;
+    for (int iteration = 1; iteration <= 12; ++iteration) {
+      HandleCollector collect;
+      auto y = stage.forward(x, true);
+      for (const auto& h : collect.handles()) prefire(h, 104);
+      split_backward(x, y, gy, stage.params(), 104);
+      clear_session(104);
+      if (iteration == 3) after_warmup = reserved_bytes();
+    }
+    EXPECT_EQ(reserved_bytes(), after_warmup) << "reserved memory grew after warm-up";
+    EXPECT_EQ(session_pool_reserved_bytes() > 0, pool_on);
+    EXPECT_EQ(session_stats(105).pool_bytes > 0, pool_on);
+    clear_session(105);
+  }
+}
+
+TEST(Cuda, SessionPoolMemoryReturnsOnEmptyCacheOnceEverySessionIsCleared) {
+  PREFIRE_REQUIRE_GPU();
+  CudaStage stage(3, 0.1);
+  auto x = at::randn({8, 64, kDim}, kCuda).requires_grad_(true);
+  auto gy = at::randn({8, 64, kDim}, kCuda);
+  auto forward_and_prefire = [&](SessionId id) {
+    HandleCollector collect;
+    auto y = stage.forward(x, true);
+    for (const auto& h : collect.handles()) prefire(h, id);
+    if (session_pool_enabled()) EXPECT_GT(session_stats(id).pool_bytes, 0) << "session " << id;
+    return y;
+  };
+  // What lives for the process first: cuBLAS workspaces of every thread and
+  // stream this test uses (the backward runs on autograd's device thread).
+  split_backward(x, forward_and_prefire(109), gy, stage.params(), 109);
+  clear_session(109);
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const int64_t baseline = reserved_bytes();
+  {
+    PoolSetting pool(true);
+    split_backward(x, forward_and_prefire(106), gy, stage.params(), 106);
+    auto y107 = forward_and_prefire(107);  // its backward comes after session 106 is cleared
+    clear_session(106);
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    EXPECT_GT(session_pool_reserved_bytes(), 0) << "session 107's prefired tensors lost their pool";
+    split_backward(x, y107, gy, stage.params(), 107);
+    clear_session(107);
+  }
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  EXPECT_EQ(session_pool_reserved_bytes(), 0) << "empty_cache() did not give the session pool back";
+  EXPECT_EQ(reserved_bytes(), baseline);
+}
+
+TEST(Cuda, AutocastRecomputationNeitherReadsNorClearsTheCastCache) {
+  PREFIRE_REQUIRE_GPU();
+  auto x = at::randn({16, 64}, kCuda).requires_grad_(true);
+  auto w = at::randn({64, 64}, kCuda).requires_grad_(true);
+  int calls = 0;
+  at::Tensor cast_in_recompute;
+  CheckpointFn fn = [&](const TensorList& in) {
+    if (++calls == 2) cast_in_recompute = at::autocast::cached_cast(at::kBFloat16, w, at::kCUDA);
+    return TensorList{at::linear(in[0], w).relu()};
+  };
+  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::increment_nesting();  // this thread's region, open across the prefire
+  auto cached = at::autocast::cached_cast(at::kBFloat16, w, at::kCUDA);
+  HandleCollector collect;
+  auto y = checkpoint(fn, {x})[0];
+  prefire(collect.handles().at(0), 108);
+  ASSERT_EQ(calls, 2);
+  EXPECT_NE(cast_in_recompute.data_ptr(), cached.data_ptr()) << "the prefire read the main stream's cached cast";
+  EXPECT_EQ(at::autocast::cached_cast(at::kBFloat16, w, at::kCUDA).data_ptr(), cached.data_ptr())
+      << "the prefire cleared the region's cast cache";
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  { SessionScope s(108, {false}); torch::autograd::grad({y.to(at::kFloat).sum()}, {x, w}); }
+  clear_session(108);
 }
 
 TEST(Cuda, ChecksumKernelEqualsCpuHashForSameBytes) {

@@ -22,6 +22,7 @@ void reset_peaks(const at::Device& device) {
 #if PREFIRE_WITH_CUDA
   if (device.is_cuda()) {
     synchronize(device);
+    c10::cuda::CUDACachingAllocator::emptyCache();
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
   }
 #endif
@@ -37,6 +38,17 @@ int64_t device_peak_bytes(const at::Device& device) {
     synchronize(device);
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
     return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  }
+#endif
+  return -1;
+}
+
+int64_t device_peak_reserved_bytes(const at::Device& device) {
+#if PREFIRE_WITH_CUDA
+  if (device.is_cuda()) {
+    synchronize(device);
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   }
 #endif
   return -1;

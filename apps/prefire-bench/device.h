@@ -16,6 +16,9 @@ void synchronize(const at::Device& device);
 void reset_peaks(const at::Device& device);
 /// CUDA: the allocator's peak allocated bytes since reset_peaks; CPU: -1.
 int64_t device_peak_bytes(const at::Device& device);
+/// CUDA: the allocator's peak reserved bytes since reset_peaks (which empties
+/// its cache first, so each mode starts from nothing cached); CPU: -1.
+int64_t device_peak_reserved_bytes(const at::Device& device);
 /// The process's peak resident set size since reset_peaks (VmHWM), or -1.
 int64_t peak_rss_bytes();
 

@@ -35,6 +35,7 @@ struct Options {
   int threads = 1;
   std::vector<double> budgets = {0.25, 0.5};
   std::vector<std::string> modes = {"none", "graph-task", "session", "prefire", "budget"};
+  bool session_pool = false;
   std::string json, plot, trace;
 };
 
@@ -70,6 +71,9 @@ Options parse(int argc, char** argv) {
       ->delimiter(',')->check(CLI::PositiveNumber)->group("modes");
   app.add_option("--device", o.device, "auto (cuda when present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->group("machine");
+  app.add_flag("--session-pool", o.session_pool,
+               "CUDA: prefires allocate from the session buffer pool (a private caching-allocator pool)")
+      ->group("machine");
   app.add_option("--threads", o.threads, "intra-op threads")->check(CLI::PositiveNumber)->group("machine");
   app.add_option("--seed", o.run.seed, "seed of weights, data and dropout")->group("machine");
   app.add_option("--json", o.json, "write the report as JSON")->group("output");
@@ -89,6 +93,8 @@ Options parse(int argc, char** argv) {
   if (o.device == "cuda" && !prefire::cuda_available())
     throw std::invalid_argument("--device cuda: no CUDA device (or prefire was built without CUDA)");
   o.run.device = o.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  if (o.session_pool && o.device != "cuda") throw std::invalid_argument("--session-pool needs --device cuda");
+  prefire::set_session_pool_enabled(o.session_pool);
   return o;
 }
 
@@ -132,11 +138,12 @@ int main(int argc, char** argv) {
     const auto& c = o.run;
     const auto& m = c.model;
     std::printf("prefire-bench: %d blocks (hidden %lld, %lld heads, seq %lld), %d micro-batches of %lld, order %s%s,"
-                " dropout %.2f, %d+%d steps, %s, %d thread(s)\n",
+                " dropout %.2f, %d+%d steps, %s%s, %d thread(s)\n",
                 m.layers, (long long)m.hidden, (long long)m.heads, (long long)m.seq, c.micro_batches,
                 (long long)m.micro_batch, to_string(c.order),
                 c.order == Order::kZbH1 ? (" (in flight " + std::to_string(c.in_flight) + ")").c_str() : "",
-                m.dropout, c.warmup, c.steps, c.device.str().c_str(), o.threads);
+                m.dropout, c.warmup, c.steps, c.device.str().c_str(),
+                prefire::session_pool_enabled() ? " (session pool)" : "", o.threads);
 
     std::vector<std::pair<Mode, std::optional<double>>> plan = {{Mode::kNone, std::nullopt}};
     if (wants(o, "graph-task")) plan.push_back({Mode::kGraphTask, std::nullopt});

@@ -253,6 +253,7 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
     if (progress) progress(step + 1);
   }
   result.peak_device_bytes = device_peak_bytes(config.device);
+  result.peak_reserved_bytes = device_peak_reserved_bytes(config.device);
   result.peak_rss_bytes = config.device.is_cpu() ? peak_rss_bytes() : -1;
   result.recomputes_per_step = double(recomputations_measured) / config.steps;
   auto median = [](std::vector<double> v) {

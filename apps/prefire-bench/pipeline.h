@@ -68,6 +68,7 @@ struct ModeResult {
   double held_b_to_w_fraction = 0; // largest (held from B to W) / (the session's peak) of one micro-batch
   double forward_ms = 0, b_ms = 0, w_ms = 0;  // per micro-batch: medians over the measured steps
   int64_t peak_device_bytes = -1;  // bytes: CUDA allocator peak (CUDA runs only)
+  int64_t peak_reserved_bytes = -1;  // bytes: CUDA allocator peak reserved (CUDA runs only)
   int64_t peak_rss_bytes = -1;     // bytes: process peak RSS over the mode (CPU runs, when measurable)
   double max_grad_diff = 0;      // max |grad - grad(none)| over steps, dx and dw
   std::vector<std::vector<at::Tensor>> grads;  // per measured step: dx of each micro-batch, then dw

@@ -1,5 +1,7 @@
 #include "report.h"
 
+#include <prefire/cuda.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -46,6 +48,15 @@ void print_table(std::FILE* out, const RunConfig& c, const std::vector<ModeResul
                  mib(headline_bytes(r)), mib(r.peak_session_bytes), mib(r.held_b_to_w_bytes), third, step, passes,
                  r.recomputes_per_step, r.refused_per_step, r.max_grad_diff);
   }
+  if (!cuda) return;
+  // The caching allocator's view: reserved memory and the part of it the
+  // peak allocation left unused (fragmentation and cache).
+  std::fprintf(out, "\n%-12s %18s %24s\n", "mode", "peak reserved MiB", "1 - peak alloc/reserved");
+  for (const auto& r : results) {
+    if (r.peak_reserved_bytes <= 0) continue;
+    std::fprintf(out, "%-12s %18.2f %24.3f\n", r.label.c_str(), mib(r.peak_reserved_bytes),
+                 1.0 - double(r.peak_device_bytes) / double(r.peak_reserved_bytes));
+  }
 }
 
 namespace {
@@ -66,7 +77,7 @@ void write_json(const std::string& path, const RunConfig& c, const std::vector<M
                       {"steps", c.steps},           {"warmup", c.warmup},
                       {"dropout", m.dropout},       {"seed", c.seed},
                       {"order", to_string(c.order)}, {"in_flight", c.in_flight},
-                      {"device", c.device.str()}};
+                      {"device", c.device.str()},   {"session_pool", prefire::session_pool_enabled()}};
   nlohmann::json modes = nlohmann::json::array();
   for (const auto& r : results) {
     const auto s = spread(r.step_ms);
@@ -81,6 +92,7 @@ void write_json(const std::string& path, const RunConfig& c, const std::vector<M
         {"held_b_to_w_bytes", measured(r.held_b_to_w_bytes, sessions)},
         {"held_b_to_w_fraction", measured(r.held_b_to_w_fraction, sessions)},
         {"peak_device_bytes", measured(r.peak_device_bytes, r.peak_device_bytes >= 0)},
+        {"peak_reserved_bytes", measured(r.peak_reserved_bytes, r.peak_reserved_bytes >= 0)},
         {"peak_rss_bytes", measured(r.peak_rss_bytes, r.peak_rss_bytes >= 0)},
         {"step_ms", {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"all", r.step_ms}}},
         {"per_micro_batch_ms", {{"forward", r.forward_ms}, {"b", r.b_ms}, {"w", r.w_ms}}},

@@ -10,15 +10,19 @@
 #include <atomic>
 
 #if PREFIRE_WITH_CUDA
+#include <prefire/cuda_stream.h>
+
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <vector>
 #endif
 
 namespace prefire {
@@ -31,113 +35,188 @@ std::atomic<int> g_stream_priority{0};
 
 namespace {
 
-struct DeviceStreams {
-  std::mutex run_mu;  // one prefire at a time per device: pool routing cannot nest
+struct Device {
+  std::once_flag created;
   std::optional<c10::cuda::CUDAStream> stream;
+  // Held while allocations are routed to the session pool; recordStream
+  // calls of unpacks take it too (see the Note, step 4).
+  std::mutex window_mu;
 };
 
-// Devices with a prefire run open on this thread: a prefire started from
-// inside another's recomputation (its function prefires another checkpoint)
-// runs inside the outer run's stream and pool window.
-thread_local std::vector<c10::DeviceIndex> tls_open_runs;
+// Runs open on this thread, by device: a prefire started from inside
+// another's recomputation (its function prefires another checkpoint) runs
+// inside the outermost run's stream and window and shares its pool lease, and
+// an unpack there must not wait for its own window.
+struct OpenRun {
+  c10::DeviceIndex device;
+  std::shared_ptr<PoolLease> lease;
+};
+thread_local std::vector<OpenRun> tls_open_runs;
 
-DeviceStreams& streams_of(c10::DeviceIndex device) {
+const OpenRun* open_here(c10::DeviceIndex d) {
+  auto it = std::find_if(tls_open_runs.begin(), tls_open_runs.end(), [&](const OpenRun& r) { return r.device == d; });
+  return it == tls_open_runs.end() ? nullptr : &*it;
+}
+
+Device& device_state(c10::DeviceIndex index) {
   static std::mutex mu;
-  static auto* all = new std::map<c10::DeviceIndex, DeviceStreams>();  // never destroyed
+  static auto* all = new std::map<c10::DeviceIndex, Device>();  // never destroyed
   std::lock_guard<std::mutex> lock(mu);
-  return (*all)[device];
+  return (*all)[index];
+}
+
+c10::cuda::CUDAStream create_stream(c10::DeviceIndex index) {
+  c10::cuda::CUDAGuard device(index);
+  int least = 0, greatest = 0;
+  C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const int priority = std::clamp(g_stream_priority.load(), greatest, least);
+  cudaStream_t raw = nullptr;
+  C10_CUDA_CHECK(cudaStreamCreateWithPriority(&raw, cudaStreamNonBlocking, priority));
+  return c10::cuda::getStreamFromExternal(raw, index);  // lives as long as the process
+}
+
+// cuBLAS and cuBLASLt keep a workspace per (handle, stream), and handles are
+// per thread: the first GEMMs of a thread on the prefire stream allocate them
+// (mm: cuBLAS; addmm with a bias vector, as linear layers call it: cuBLASLt).
+// Done here, before any window, they land in the general pool instead of a
+// session pool, which they would pin for good.
+void warm_cublas(const c10::cuda::CUDAStream& stream) {
+  thread_local std::vector<c10::DeviceIndex> warmed;
+  if (std::find(warmed.begin(), warmed.end(), stream.device_index()) != warmed.end()) return;
+  c10::cuda::CUDAStreamGuard on(stream);
+  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    auto options = at::TensorOptions().device(at::kCUDA, stream.device_index()).dtype(dtype);
+    auto a = at::ones({16, 16}, options);
+    at::mm(a, a);
+    at::addmm(at::ones({16}, options), a, a);
+  }
+  warmed.push_back(stream.device_index());
+}
+
+Device& ready_device(c10::DeviceIndex index) {
+  Device& d = device_state(index);
+  std::call_once(d.created, [&] { d.stream = create_stream(index); });
+  return d;
 }
 
 class CudaReadyEvent final : public ReadyEvent {
  public:
-  explicit CudaReadyEvent(const c10::cuda::CUDAStream& producer) { event_.record(producer.unwrap()); }
+  CudaReadyEvent(const c10::cuda::CUDAStream& producer, std::shared_ptr<PoolLease> lease)
+      : lease_(std::move(lease)) {
+    event_.record(producer.unwrap());
+  }
 
   void hand_over(const at::Tensor& t) override {
     if (!t.is_cuda()) return;
     PREFIRE_NVTX_RANGE("prefire::wait_prefire_event", -1);
-    auto consumer = c10::cuda::getCurrentCUDAStream(t.device().index());
+    const c10::DeviceIndex index = t.device().index();
+    auto consumer = c10::cuda::getCurrentCUDAStream(index);
     event_.block(consumer.unwrap());
+    std::unique_lock<std::mutex> window;
+    if (!open_here(index)) window = std::unique_lock<std::mutex>(device_state(index).window_mu);
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), consumer);
   }
 
  private:
   c10::Event event_{c10::DeviceType::CUDA};
+  std::shared_ptr<PoolLease> lease_;  // the pool the tensors live in, while they are held
 };
 
 }  // namespace
 
 struct PrefireRun::Impl {
-  c10::DeviceIndex device;
-  DeviceStreams& streams;
-  const bool nested;
-  std::unique_lock<std::mutex> run_lock;
-  c10::MempoolId_t pool;
+  c10::DeviceIndex index;
+  Device& device;
+  c10::cuda::CUDAStream stream;
+  std::shared_ptr<PoolLease> lease;  // set while the window routes to the pool
+  std::unique_lock<std::mutex> window;
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   bool routing = false;
+  bool registered = false;
 
-  explicit Impl(c10::DeviceIndex d)
-      : device(d),
-        streams(streams_of(d)),
-        nested(std::find(tls_open_runs.begin(), tls_open_runs.end(), d) != tls_open_runs.end()) {
-    if (nested) {  // the outer run's stream, guard and pool window serve this one
-      tls_open_runs.push_back(device);
+  Impl(c10::DeviceIndex i, const std::vector<at::Tensor>& inputs)
+      : index(i), device(ready_device(i)), stream(*device.stream) {
+    if (const OpenRun* outer = open_here(index)) {  // nested: the outer run's stream and window serve this one
+      lease = outer->lease;
+      tls_open_runs.push_back(OpenRun{index, lease});
+      registered = true;
       return;
     }
-    run_lock = std::unique_lock<std::mutex>(streams.run_mu);
-    if (!streams.stream) streams.stream = c10::cuda::getStreamFromPool(g_stream_priority.load(), device);
-    c10::cuda::CUDAStream prefire_stream = *streams.stream;
-    // The inputs the caller produced are ready once the caller's stream reaches this point.
+    // (1) Ordered after the caller's stream; inputs used on the prefire stream.
     c10::Event inputs_ready(c10::DeviceType::CUDA);
-    inputs_ready.record(c10::cuda::getCurrentCUDAStream(device).unwrap());
-    inputs_ready.block(prefire_stream.unwrap());
-    pool = session_pool(device);
-    cudaStream_t raw = prefire_stream.stream();
-    c10::cuda::CUDACachingAllocator::beginAllocateToPool(device, pool, [raw](cudaStream_t s) { return s == raw; });
-    routing = true;
-    guard.emplace(prefire_stream);
-    tls_open_runs.push_back(device);
+    inputs_ready.record(c10::cuda::getCurrentCUDAStream(index).unwrap());
+    inputs_ready.block(stream.unwrap());
+    for (const auto& t : inputs) {
+      if (t.defined() && t.is_cuda() && t.has_storage()) {
+        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
+      }
+    }
+    // (2) The window.
+    if (session_pool_enabled()) {
+      warm_cublas(stream);
+      lease = PoolLease::acquire(index);
+      window = std::unique_lock<std::mutex>(device.window_mu);
+      cudaStream_t raw = stream.stream();
+      c10::cuda::CUDACachingAllocator::beginAllocateToPool(index, lease->pool(),
+                                                           [raw](cudaStream_t s) { return s == raw; });
+      routing = true;
+    }
+    guard.emplace(stream);
+    tls_open_runs.push_back(OpenRun{index, lease});
+    registered = true;
   }
 
-  ~Impl() {
-    tls_open_runs.erase(std::find(tls_open_runs.begin(), tls_open_runs.end(), device));
+  void close() noexcept {
+    if (registered) {
+      auto last = std::find_if(tls_open_runs.rbegin(), tls_open_runs.rend(),
+                               [&](const OpenRun& r) { return r.device == index; });
+      tls_open_runs.erase(std::next(last).base());
+      registered = false;
+    }
     guard.reset();
     if (routing) {
+      routing = false;
       try {
-        c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
-        c10::cuda::CUDACachingAllocator::releasePool(device, pool);  // this run's reference
+        c10::cuda::CUDACachingAllocator::endAllocateToPool(index, lease->pool());
+        c10::cuda::CUDACachingAllocator::releasePool(index, lease->pool());  // beginAllocateToPool's reference
       } catch (...) {  // teardown never throws
       }
     }
+    if (window.owns_lock()) window.unlock();
   }
+
+  ~Impl() { close(); }
 };
 
-PrefireRun::PrefireRun(std::optional<c10::Device> device) {
-  if (device && device->is_cuda()) impl_ = std::make_unique<Impl>(device->index());
+PrefireRun::PrefireRun(std::optional<c10::Device> device, const std::vector<at::Tensor>& inputs) {
+  if (device && device->is_cuda()) impl_ = std::make_unique<Impl>(device->index(), inputs);
 }
 
 PrefireRun::~PrefireRun() = default;
 
-void PrefireRun::use(const at::Tensor& t) {
-  if (!impl_ || !t.defined() || !t.is_cuda() || !t.has_storage()) return;
-  c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), *impl_->streams.stream);
-}
+bool PrefireRun::in_pool() const { return impl_ && impl_->lease != nullptr; }
 
 std::shared_ptr<ReadyEvent> PrefireRun::finish() {
   if (!impl_) return nullptr;
-  return std::make_shared<CudaReadyEvent>(*impl_->streams.stream);
+  impl_->close();  // (3)
+  return std::make_shared<CudaReadyEvent>(impl_->stream, impl_->lease);
 }
 
 #else  // !PREFIRE_WITH_CUDA
 
 struct PrefireRun::Impl {};
-PrefireRun::PrefireRun(std::optional<c10::Device>) {}
+PrefireRun::PrefireRun(std::optional<c10::Device>, const std::vector<at::Tensor>&) {}
 PrefireRun::~PrefireRun() = default;
-void PrefireRun::use(const at::Tensor&) {}
+bool PrefireRun::in_pool() const { return false; }
 std::shared_ptr<ReadyEvent> PrefireRun::finish() { return nullptr; }
 
 #endif
 
 }  // namespace detail
+
+#if PREFIRE_WITH_CUDA
+c10::cuda::CUDAStream prefire_stream(c10::DeviceIndex device) { return *detail::ready_device(device).stream; }
+#endif
 
 void set_prefire_stream_priority(int priority) { detail::g_stream_priority.store(priority); }
 

@@ -1,24 +1,40 @@
 #pragma once
 
-// Running a prefire on a device's dedicated stream, and handing its tensors
-// to the stream that consumes them.
+// Running a prefire on a device's prefire stream, and handing its tensors to
+// the stream that consumes them.
 //
 // Note [Stream ordering of prefire]
 // Rationale: a prefire should overlap with the caller's work (a pipeline
-// receive, another micro-batch), so it runs on a stream of its own per device,
-// taken once from the c10 stream pool.
-// Approach: (1) the prefire stream waits on an event recorded on the caller's
-// current stream, so the inputs the caller produced are ready; (2) the
-// recomputation runs under a stream guard on the prefire stream, its
-// allocations routed to the session buffer pool (see Note [Session buffer
-// pool] in session_pool.h); (3) a completion event is recorded and kept with
-// the session's recomputation; (4) every unpack makes the consuming stream
-// (the backward's current stream on that thread) wait on that event and calls
-// recordStream for the handed-out storage on the consuming stream, so the
-// caching allocator never reuses it before the consumer is done.
+// receive, another micro-batch), so it runs on a stream of its own per device.
+// prefire creates that stream (cudaStreamCreateWithPriority) instead of taking
+// one from c10's pool: the pool hands its 32 streams per priority out round
+// robin to everyone (NCCL process groups, other libraries), and a shared
+// stream would queue recomputation behind their work.
+// Approach, in order:
+// (1) outside any allocator window: the prefire stream waits on an event
+//     recorded on the caller's current stream (the inputs the caller
+//     produced are ready), and the inputs are marked as used on the prefire
+//     stream (recordStream), so their memory outlives the recomputation;
+// (2) the window: with the session buffer pool on, allocations on the prefire
+//     stream are routed to the pool (Note [Session buffer pool]); the window
+//     is the recomputation itself (state restore, context hooks, fn), under a
+//     stream guard on the prefire stream;
+// (3) the window closes and a completion event is recorded on the prefire
+//     stream and kept with the session's recomputation (with the pool lease);
+// (4) every unpack makes the consuming stream (the current stream of the
+//     unpacking thread) wait on that event and calls recordStream for the
+//     handed-out storage on it, so the caching allocator never reuses the
+//     memory before the consumer is done. recordStream inside another
+//     thread's window would be booked as a capture use and later stripped, so
+//     unpacks take the device's window lock around it.
+// Before a thread's first window on a device it runs a few GEMMs on the
+// prefire stream: cuBLAS keeps a workspace per (per-thread handle, stream),
+// allocated on first use; made inside a window it would sit in the session
+// pool for good.
 // Limitations: one device per prefire (the device of the checkpoint's first
-// CUDA input); prefires on one device are serialized on the host (the pool
-// routing of the caching allocator cannot nest). Lazy recomputation inside
+// CUDA input); with the pool on, prefires on one device run one at a time (a
+// pool's routing cannot nest), and an unpack on another thread waits while a
+// prefire's function runs (the window lock). Lazy recomputation inside
 // backward stays on the backward's stream and uses none of this.
 
 #include <ATen/core/Tensor.h>
@@ -26,6 +42,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace prefire::detail {
 
@@ -42,16 +59,19 @@ class ReadyEvent {
 /// A no-op for std::nullopt, a CPU device, or a build without CUDA.
 class PrefireRun {
  public:
-  explicit PrefireRun(std::optional<c10::Device> device);
+  /// Steps (1) and (2) of the Note: orders the prefire stream after the
+  /// caller's, marks `inputs` as used there, opens the window.
+  PrefireRun(std::optional<c10::Device> device, const std::vector<at::Tensor>& inputs);
   ~PrefireRun();
   PrefireRun(const PrefireRun&) = delete;
   PrefireRun& operator=(const PrefireRun&) = delete;
 
   /// Whether the run is on a CUDA prefire stream.
   bool on_device() const { return impl_ != nullptr; }
-  /// Marks `t` (a recomputation input) as used by the prefire stream.
-  void use(const at::Tensor& t);
-  /// Records the completion event; nullptr when not on a device.
+  /// Whether its allocations go to the session buffer pool.
+  bool in_pool() const;
+  /// Step (3): closes the window and records the completion event; nullptr
+  /// when not on a device.
   std::shared_ptr<ReadyEvent> finish();
 
   struct Impl;
