@@ -6,7 +6,12 @@
 #         torch's config could not resolve, e.g. nvrtc, which prefire never uses)
 #         PREFIRE_TORCH_HAS_CUDA  - whether that torch is a CUDA build
 #         PREFIRE_TORCH_VERSION
-set(PREFIRE_PYTHON "$ENV{HOME}/.cache/prefire/venv/bin/python" CACHE FILEPATH "Python interpreter with torch installed")
+if(DEFINED SKBUILD AND DEFINED Python3_EXECUTABLE)  # pip building the wheel: its interpreter's torch
+  set(_prefire_default_python "${Python3_EXECUTABLE}")
+else()
+  set(_prefire_default_python "$ENV{HOME}/.cache/prefire/venv/bin/python")
+endif()
+set(PREFIRE_PYTHON "${_prefire_default_python}" CACHE FILEPATH "Python interpreter with torch installed")
 if(NOT EXISTS "${PREFIRE_PYTHON}")
   message(FATAL_ERROR "PREFIRE_PYTHON=${PREFIRE_PYTHON} does not exist: run scripts/setup.sh first (or pass -DPREFIRE_PYTHON=...)")
 endif()

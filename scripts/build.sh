@@ -14,3 +14,10 @@ cmake -G Ninja -S . -B "$build_dir" -Wno-dev \
   -DCMAKE_BUILD_TYPE="${PREFIRE_BUILD_TYPE:-RelWithDebInfo}" \
   ${PREFIRE_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" "$@"
+# The Python package into the venv (a copy of <build>/python/prefire, no
+# rebuild), so that `import prefire` works there; pip builds a wheel instead
+# (README.md, "Python").
+if [ -n "$(ls "$build_dir"/python/prefire/_C*.so 2>/dev/null)" ]; then
+  site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+  cmake --install "$build_dir" --component python --prefix "$site" >/dev/null
+fi

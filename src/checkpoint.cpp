@@ -51,7 +51,7 @@ void validate(const CheckpointFn& fn, const CheckpointOptions& options) {
     throw CheckpointError(
         "prefire::checkpoint: prefire's autograd engine is not the default engine. Call prefire::install() "
         "once at start-up, before the first backward (inside a Python process the C++ engine cannot be "
-        "installed)");
+        "installed: import the prefire Python package instead)");
   }
 }
 

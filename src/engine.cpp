@@ -103,6 +103,7 @@ void install() {
 }
 
 bool is_installed() {
+  if (detail::hook_source() != nullptr) return true;  // the Python package's hooks
   return detail::g_installed.load(std::memory_order_acquire) &&
          &torch::autograd::Engine::get_default_engine() == &detail::PrefireEngine::instance();
 }

@@ -63,8 +63,8 @@ namespace {
 // deliberately not a timing: whether the rest of `fn` runs again is the same
 // on every run and every machine. Checkpoints with CUDA inputs always stop
 // (their kernels run asynchronously; a stop also keeps the prefire stream
-// free of work nobody uses).
-struct StopRecompute {};
+// free of work nobody uses). StopRecompute is in hook_stack.h: the Python
+// bridge carries it across the Python frames of `fn`.
 
 // The forward's placeholder for one saved tensor.
 class SlotRef final : public PackedTensor {

@@ -2,6 +2,8 @@
 
 #include "thread_stack.h"
 
+#include <atomic>
+
 namespace prefire::detail {
 namespace {
 // The stack is intrusive: each scope links to the scope below it.
@@ -12,7 +14,16 @@ thread_local HookContext* tls_top_context = nullptr;
 
 HookContext* current_hook_context() noexcept { return tls_top_context; }
 
-HookContextScope::HookContextScope(HookContext* context) noexcept : context_(context), below_(tls_top) {
+namespace {
+std::atomic<HookSource*> g_source{nullptr};
+}
+
+void set_hook_source(HookSource* source) noexcept { g_source.store(source, std::memory_order_release); }
+HookSource* hook_source() noexcept { return g_source.load(std::memory_order_acquire); }
+
+HookContextScope::HookContextScope(HookContext* context)
+    : context_(context), source_(hook_source()), below_(tls_top) {
+  if (source_ != nullptr) source_->enter();  // before linking: a throw leaves nothing behind
   tls_top = this;
   tls_top_context = context;
 }
@@ -24,6 +35,7 @@ HookContextScope::~HookContextScope() {
         "another thread than the one it started on; stop a SavedTensorMeter on the thread that made it");
   }
   tls_top_context = tls_top != nullptr ? tls_top->context_ : nullptr;
+  if (source_ != nullptr) source_->leave();
 }
 
 bool HookContextScope::on_this_thread() const noexcept {

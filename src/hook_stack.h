@@ -2,7 +2,9 @@
 
 // The thread-local stack of hook contexts that receives every tensor autograd
 // saves while a checkpoint runs, independent of how the hooks reach prefire
-// (today: the engine subclass in engine.cpp; later: Python's default hooks).
+// (in C++ programs: the engine subclass in engine.cpp; in Python processes:
+// torch's default saved-tensor hooks, pushed by a HookSource, see Note
+// [Hooks in a Python process] in python/prefire/_C.cpp).
 //
 // Note [One stack of hook contexts]
 // Forward frames (a checkpoint's forward run) and recompute captures (a
@@ -27,6 +29,11 @@ class PackedTensor {
   virtual at::Tensor unpack() = 0;
 };
 
+/// Thrown by a recomputation's pack to end it early (Note [Early stop] in
+/// frame.cpp). Not a std::exception, so that user code catching those lets
+/// it through; a hook source that crosses other frames carries it across.
+struct StopRecompute {};
+
 /// An entry of the stack: decides what happens to a tensor autograd saves.
 class HookContext {
  public:
@@ -40,13 +47,32 @@ class HookContext {
 /// This is the whole cost prefire adds to a saved tensor outside checkpoints.
 HookContext* current_hook_context() noexcept;
 
+/// Where saved tensors come from when no engine of prefire's hands them over:
+/// told when a context scope starts and ends on the calling thread, so that
+/// it routes saves to current_hook_context() while any scope is open.
+class HookSource {
+ public:
+  virtual void enter() = 0;
+  virtual void leave() noexcept = 0;
+
+ protected:
+  ~HookSource() = default;
+};
+
+/// Installs `source` process-wide (nullptr: none). For the Python package;
+/// set once, before the first checkpoint.
+void set_hook_source(HookSource* source) noexcept;
+/// The installed source, or nullptr.
+HookSource* hook_source() noexcept;
+
 /// Pushes `context` for the lifetime of the scope. Scopes normally leave in
 /// LIFO order; one that leaves early is unlinked where it is (see Note
 /// [Scopes that leave out of order] in thread_stack.h). Leaving on another
-/// thread than the one that entered is a fatal misuse.
+/// thread than the one that entered is a fatal misuse. With a HookSource
+/// installed, the scope enters it first (which may throw) and leaves it last.
 class HookContextScope {
  public:
-  explicit HookContextScope(HookContext* context) noexcept;
+  explicit HookContextScope(HookContext* context);
   ~HookContextScope();
   HookContextScope(const HookContextScope&) = delete;
   HookContextScope& operator=(const HookContextScope&) = delete;
@@ -56,6 +82,7 @@ class HookContextScope {
 
  private:
   HookContext* context_;
+  HookSource* source_;
   HookContextScope* below_;
 };
 

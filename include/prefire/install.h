@@ -17,7 +17,8 @@ namespace prefire {
 /// checkpoint() raises CheckpointError saying so.
 void install();
 
-/// True when prefire's engine is the process's default engine.
+/// True when saved tensors reach prefire: its engine is the process's default
+/// engine, or (in a Python process) the prefire Python package is imported.
 bool is_installed();
 
 }  // namespace prefire

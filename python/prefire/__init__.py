@@ -1,0 +1,55 @@
+"""prefire: scheduled activation recomputation for PyTorch programs.
+
+The same C++ runtime as prefire's LibTorch API, reached through torch's
+saved-tensor hooks (Python's autograd engine stays in charge):
+
+* :func:`checkpoint` is a drop-in for
+  ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``;
+* :class:`collect` gathers the checkpoints a forward creates;
+  :func:`prefire` recomputes one ahead of backward into a session, and
+  :class:`session` makes the backward passes inside it (the input-gradient
+  pass B and the weight-gradient pass W of a split backward) share that one
+  recomputation; :func:`clear_session` ends it.
+"""
+
+from __future__ import annotations
+
+import torch  # loads libtorch before the extension module
+
+from . import _C
+from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpoint_wrapper
+from ._schedule import (
+    CheckpointHandle,
+    PrefireStatus,
+    RuntimeStats,
+    SessionStats,
+    attach,
+    clear_session,
+    collect,
+    prefire,
+    reset_runtime_peak,
+    runtime_stats,
+    session,
+    session_stats,
+    set_session_budget,
+)
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointHandle",
+    "CheckpointWrapper",
+    "PrefireStatus",
+    "RuntimeStats",
+    "SessionStats",
+    "attach",
+    "checkpoint",
+    "checkpoint_wrapper",
+    "clear_session",
+    "collect",
+    "prefire",
+    "reset_runtime_peak",
+    "runtime_stats",
+    "session",
+    "session_stats",
+    "set_session_budget",
+]

@@ -1,0 +1,256 @@
+// prefire._C: the C++ runtime in a Python process.
+//
+// Note [Hooks in a Python process]
+// In a Python process the autograd engine is PyTorch's Python engine, and
+// prefire must not replace it (install() refuses). That engine asks
+// torch's stack of default saved-tensor hooks (what
+// torch.autograd.graph.saved_tensors_hooks pushes) for the hooks of every
+// saved tensor. So the module installs a HookSource (hook_stack.h): whenever a
+// hook context scope opens on a thread (a checkpoint's forward, a
+// recomputation, a SavedTensorMeter), it pushes one pair of hooks onto torch's
+// stack, and pops it when the scope ends. The pair is two C++ functions
+// (pybind11 cpp_function): pack hands the tensor to current_hook_context()
+// and returns the PackedTensor wrapped in a Python object; unpack unwraps and
+// unpacks it. No Python code of prefire's runs per saved tensor.
+//
+// The GIL: the checkpointed function is Python, run from C++ (forward, lazy
+// recomputation inside an unpack hook, prefire) under the GIL. Everything that
+// can wait for another thread (an unpack waiting for a recomputation another
+// thread runs, prefire, a session's clear) releases the GIL while it waits,
+// and the function's wrapper takes it again to call Python; otherwise a thread
+// waiting in C++ with the GIL would block the thread it waits for.
+//
+// Early stop crosses Python frames: the pack hook turns StopRecompute into a
+// Python exception of a private BaseException subclass (user code catching
+// Exception lets it through), and the function's wrapper turns it back.
+
+#include <prefire/prefire.h>
+
+#include "../../src/hook_stack.h"
+
+#include <ATen/SavedTensorHooks.h>
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace py = pybind11;
+
+namespace prefire::python {
+namespace {
+
+// ---- hooks ------------------------------------------------------------------
+
+/// A saved tensor as the pack hook returns it to autograd.
+struct Packed {
+  std::unique_ptr<detail::PackedTensor> tensor;
+};
+
+PyObject* g_stop_type = nullptr;  // _RecomputationStopped, owned by the module
+py::function* g_pack = nullptr;   // the hook pair; leaked: hooks may run at exit
+py::function* g_unpack = nullptr;
+
+std::unique_ptr<Packed> pack(const at::Tensor& tensor) {
+  detail::HookContext* context = detail::current_hook_context();
+  if (context == nullptr) {
+    throw CheckpointError("prefire: its saved-tensor hook ran outside any checkpoint (hooks pushed by prefire were "
+                          "left on torch's hook stack)");
+  }
+  try {
+    return std::make_unique<Packed>(Packed{context->pack(tensor)});
+  } catch (const detail::StopRecompute&) {
+    PyErr_SetNone(g_stop_type);
+    throw py::error_already_set();
+  }
+}
+
+at::Tensor unpack(Packed& packed) {
+  if (!packed.tensor) throw CheckpointError("prefire: a saved tensor was unpacked after it was released");
+  py::gil_scoped_release no_gil;  // a recomputation may wait for another thread
+  return packed.tensor->unpack();
+}
+
+class PythonHooks final : public detail::HookSource {
+ public:
+  // What torch.autograd.graph.saved_tensors_hooks does on enter and exit
+  // (SafePyObject steals a reference; dropping one takes the GIL itself).
+  void enter() override {
+    py::gil_scoped_acquire gil;
+    at::SavedTensorDefaultHooks::lazy_initialize();
+    at::SavedTensorDefaultHooks::push_hooks(c10::SafePyObject(g_pack->inc_ref().ptr(), getPyInterpreter()),
+                                            c10::SafePyObject(g_unpack->inc_ref().ptr(), getPyInterpreter()));
+  }
+  void leave() noexcept override {
+    try {
+      at::SavedTensorDefaultHooks::pop_hooks();
+    } catch (...) {  // teardown never throws
+    }
+  }
+};
+
+// ---- the checkpointed function and context hooks -----------------------------
+
+/// A Python object that may be released on any thread: takes the GIL to drop
+/// its reference.
+std::shared_ptr<py::object> hold(py::object object) {
+  return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* o) {
+    py::gil_scoped_acquire gil;
+    delete o;
+  });
+}
+
+CheckpointFn wrap_function(py::function run) {
+  auto fn = hold(std::move(run));
+  return [fn](const TensorList& inputs) -> TensorList {
+    py::gil_scoped_acquire gil;
+    try {
+      return (*fn)(inputs).cast<TensorList>();
+    } catch (py::error_already_set& e) {
+      if (e.matches(g_stop_type)) throw detail::StopRecompute{};
+      throw;
+    }
+  };
+}
+
+/// `context_fn()`'s two context managers as the C++ ContextFn: each run
+/// enters its manager and leaves it when the run ends.
+ContextFn wrap_context_fn(const py::object& context_fn) {
+  if (context_fn.is_none()) return {};
+  py::tuple managers = context_fn();
+  if (managers.size() != 2) {
+    throw std::invalid_argument("prefire.checkpoint: context_fn must return two context managers (forward, "
+                                "recompute), got " + std::to_string(managers.size()) + " objects");
+  }
+  auto enter = [](std::shared_ptr<py::object> manager) -> ContextFactory {
+    return [manager]() -> ContextGuard {
+      py::gil_scoped_acquire gil;
+      manager->attr("__enter__")();
+      return ContextGuard(manager.get(), [manager](void*) {
+        py::gil_scoped_acquire gil;
+        try {
+          manager->attr("__exit__")(py::none(), py::none(), py::none());
+        } catch (py::error_already_set& e) {  // a guard's release must not throw
+          e.discard_as_unraisable("prefire: context_fn's __exit__");
+        }
+      });
+    };
+  };
+  return ContextFn{enter(hold(managers[0])), enter(hold(managers[1]))};
+}
+
+DeterminismCheck parse_check(const std::string& name) {
+  if (name == "default") return DeterminismCheck::kMetadata;
+  try {
+    return parse_determinism_check(name);
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument("prefire.checkpoint: determinism_check must be 'default', 'none', 'metadata' or "
+                                "'checksum', got '" + name + "'");
+  }
+}
+
+TensorList checkpoint_(py::function run, const TensorList& inputs, bool preserve_rng_state,
+                       const std::string& determinism_check, bool early_stop, const py::object& context_fn) {
+  CheckpointOptions options;
+  options.preserve_rng_state = preserve_rng_state;
+  options.determinism_check = parse_check(determinism_check);
+  options.early_stop = early_stop;
+  options.context_fn = wrap_context_fn(context_fn);
+  return checkpoint(wrap_function(std::move(run)), inputs, options);
+}
+
+// ---- scopes as context managers ----------------------------------------------
+
+/// A C++ scope object, opened by __enter__ and closed by __exit__.
+template <typename Scope>
+struct PyScope {
+  std::optional<Scope> scope;
+};
+
+}  // namespace
+}  // namespace prefire::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace prefire;
+  using namespace prefire::python;
+  m.doc() = "prefire's C++ runtime (see the prefire package for the API)";
+
+  // Errors: prefire.CheckpointError is a torch.utils.checkpoint.CheckpointError.
+  py::object torch_error = py::module_::import("torch.utils.checkpoint").attr("CheckpointError");
+  static py::exception<CheckpointError> checkpoint_error(m, "CheckpointError", torch_error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CheckpointError& e) {
+      PyErr_SetString(checkpoint_error.ptr(), e.what());
+    }
+  });
+  g_stop_type = PyErr_NewException("prefire._C._RecomputationStopped", PyExc_BaseException, nullptr);
+  m.attr("_RecomputationStopped") = py::handle(g_stop_type);
+
+  py::class_<Packed>(m, "_Packed");
+  g_pack = new py::function(py::cpp_function(&pack));
+  g_unpack = new py::function(py::cpp_function(&unpack));
+  static PythonHooks hooks;
+  prefire::detail::set_hook_source(&hooks);
+
+  m.def("checkpoint", &checkpoint_, py::arg("run"), py::arg("inputs"), py::arg("preserve_rng_state"),
+        py::arg("determinism_check"), py::arg("early_stop"), py::arg("context_fn"));
+
+  py::class_<CheckpointHandle>(m, "CheckpointHandle", "A checkpoint collected in forward, for prefire/attach.")
+      .def_property_readonly("expired", &CheckpointHandle::expired);
+
+  py::class_<PyScope<HandleCollector>>(m, "_Collector")
+      .def(py::init<>())
+      .def("open", [](PyScope<HandleCollector>& s) { s.scope.emplace(); })
+      .def("close", [](PyScope<HandleCollector>& s) { s.scope.reset(); })
+      .def("handles", [](const PyScope<HandleCollector>& s) {
+        return s.scope ? s.scope->handles() : std::vector<CheckpointHandle>{};
+      });
+
+  py::class_<PyScope<SessionScope>>(m, "_SessionScope")
+      .def(py::init<>())
+      .def("open", [](PyScope<SessionScope>& s, SessionId id, bool retain) {
+        s.scope.emplace(id, SessionOptions{retain});
+      })
+      .def("close", [](PyScope<SessionScope>& s) { s.scope.reset(); });
+
+  py::enum_<PrefireStatus>(m, "PrefireStatus")
+      .value("RECOMPUTED", PrefireStatus::kRecomputed)
+      .value("ALREADY_RESIDENT", PrefireStatus::kAlreadyResident)
+      .value("REFUSED_OVER_BUDGET", PrefireStatus::kRefusedOverBudget)
+      .value("EXPIRED", PrefireStatus::kExpired);
+
+  m.def("prefire", &prefire::prefire, py::arg("handle"), py::arg("session"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("attach", &prefire::attach, py::arg("handle"), py::arg("session"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("clear_session", &prefire::clear_session, py::arg("session"), py::call_guard<py::gil_scoped_release>());
+  m.def("set_session_budget", &prefire::set_session_budget, py::arg("session"), py::arg("bytes"));
+
+  py::class_<SessionStats>(m, "SessionStats")
+      .def_readonly("current_bytes", &SessionStats::current_bytes)
+      .def_readonly("peak_bytes", &SessionStats::peak_bytes)
+      .def_readonly("pool_bytes", &SessionStats::pool_bytes)
+      .def_readonly("prefires", &SessionStats::prefires)
+      .def_readonly("lazy_recomputes", &SessionStats::lazy_recomputes)
+      .def_readonly("hits", &SessionStats::hits)
+      .def_readonly("refused_prefires", &SessionStats::refused_prefires)
+      .def_readonly("checkpoints", &SessionStats::checkpoints)
+      .def_readonly("budget_bytes", &SessionStats::budget_bytes);
+  m.def("session_stats", &prefire::session_stats, py::arg("session"));
+
+  py::class_<RuntimeStats>(m, "RuntimeStats")
+      .def_readonly("recomputations", &RuntimeStats::recomputations)
+      .def_readonly("recomputed_bytes", &RuntimeStats::recomputed_bytes)
+      .def_readonly("peak_recomputed_bytes", &RuntimeStats::peak_recomputed_bytes)
+      .def_readonly("held_bytes", &RuntimeStats::held_bytes)
+      .def_readonly("peak_held_bytes", &RuntimeStats::peak_held_bytes);
+  m.def("runtime_stats", &prefire::runtime_stats);
+  m.def("reset_runtime_peak", &prefire::reset_runtime_peak);
+}

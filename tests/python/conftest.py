@@ -1,0 +1,12 @@
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def one_intra_op_thread():
+    """Bit-equality depends on the intra-op thread count (CPU reductions split
+    by it): pin it for every test, whatever this machine's default is."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

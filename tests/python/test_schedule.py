@@ -1,0 +1,132 @@
+"""Sessions and prefire from Python, with torch.distributed.pipelining's own
+split backward (stage_backward_input / stage_backward_weight, single process):
+torch's checkpoint recomputes every block in both passes, prefire with a
+session once, and the gradients are the same."""
+
+import pytest
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+import prefire
+
+from test_checkpoint import Block, assert_bit_equal, model
+
+
+class Counting(torch.nn.Module):
+    """Counts its forward runs (forward and recomputations alike)."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+        self.runs = 0
+
+    def forward(self, x):
+        self.runs += 1
+        return self.block(x)
+
+
+def split_step(blocks, wrap, x, gy, b_scope=None, w_scope=None):
+    x.grad = None  # stage_backward_input accumulates into it in place
+    torch.manual_seed(1)
+    h = x
+    for b in blocks:
+        h = wrap(b, h)
+    params = list(blocks.parameters())
+    with b_scope or _nothing():
+        (dx,), groups = stage_backward_input([h], [gy], [x], iter(params))
+    with w_scope or _nothing():
+        stage_backward_weight(iter(params), groups)
+    grads = [dx.clone()] + [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    return grads
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def setup():
+    blocks = torch.nn.ModuleList(Counting(b) for b in model(blocks=2))
+    torch.manual_seed(3)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    gy = torch.randn(2, 8, 32)
+    return blocks, x, gy
+
+
+def runs(blocks):
+    counts = [b.runs for b in blocks]
+    for b in blocks:
+        b.runs = 0
+    return counts
+
+
+def test_split_backward_torch_recomputes_twice_prefire_session_once():
+    blocks, x, gy = setup()
+    expected = split_step(blocks, lambda b, h: b(h), x, gy)
+    assert runs(blocks) == [1, 1]
+
+    got_torch = split_step(blocks, lambda b, h: torch_checkpoint.checkpoint(b, h, use_reentrant=False), x, gy)
+    # forward, one recomputation in B, and one per backward call of W (one per
+    # group of weights stage_backward_weight finds)
+    assert all(r >= 3 for r in runs(blocks))
+    assert_bit_equal(got_torch, expected)
+
+    def attached(b, h):
+        with prefire.collect() as new:
+            y = prefire.checkpoint(b, h)
+        assert all(prefire.attach(handle, 1) for handle in new)
+        return y
+
+    got = split_step(blocks, attached, x, gy, prefire.session(1, retain_on_unpack=True), prefire.session(1))
+    assert runs(blocks) == [2, 2]  # forward and one recomputation shared by B and W
+    assert_bit_equal(got, expected)
+    assert prefire.session_stats(1).lazy_recomputes == 2
+    prefire.clear_session(1)
+
+
+def test_prefire_before_backward_recomputes_once_ahead():
+    blocks, x, gy = setup()
+    expected = split_step(blocks, lambda b, h: b(h), x, gy)
+    runs(blocks)
+    x.grad = None
+    sid = 2
+    torch.manual_seed(1)
+    with prefire.collect() as handles:
+        h = x
+        for b in blocks:
+            h = prefire.checkpoint(b, h)
+    assert len(handles) == 2
+    assert [prefire.prefire(hd, sid) for hd in handles] == [prefire.PrefireStatus.RECOMPUTED] * 2
+    assert prefire.prefire(handles[0], sid) == prefire.PrefireStatus.ALREADY_RESIDENT
+    assert runs(blocks) == [2, 2]
+    stats = prefire.session_stats(sid)
+    assert stats.prefires == 2 and stats.current_bytes > 0
+    params = list(blocks.parameters())
+    with prefire.session(sid, retain_on_unpack=True):
+        (dx,), groups = stage_backward_input([h], [gy], [x], iter(params))
+    with prefire.session(sid):
+        stage_backward_weight(iter(params), groups)
+    assert runs(blocks) == [0, 0]
+    assert_bit_equal([dx] + [p.grad for p in params], expected)
+    prefire.clear_session(sid)
+    assert prefire.session_stats(sid).current_bytes == 0
+
+
+def test_budget_refuses_a_prefire_that_does_not_fit():
+    blocks, x, gy = setup()
+    sid = 3
+    prefire.set_session_budget(sid, 1)
+    with prefire.collect() as handles:
+        y = prefire.checkpoint(blocks[0], x)
+    assert prefire.prefire(handles[0], sid) == prefire.PrefireStatus.REFUSED_OVER_BUDGET
+    assert prefire.session_stats(sid).refused_prefires == 1
+    assert prefire.session_stats(sid).budget_bytes == 1
+    prefire.set_session_budget(sid, None)
+    prefire.clear_session(sid)
+    del y
