@@ -5,6 +5,8 @@
 # Output: PREFIRE_TORCH_LIBRARIES - what to link (TORCH_LIBRARIES less entries
 #         torch's config could not resolve, e.g. nvrtc, which prefire never uses)
 #         PREFIRE_TORCH_HAS_CUDA  - whether that torch is a CUDA build
+#         PREFIRE_TORCH_RELEASE   - its version without the local part (+cu130)
+#         PREFIRE_TORCH_CXX11_ABI - the _GLIBCXX_USE_CXX11_ABI it was built with
 #         PREFIRE_TORCH_VERSION
 if(DEFINED SKBUILD AND DEFINED Python3_EXECUTABLE)  # pip building the wheel: its interpreter's torch
   set(_prefire_default_python "${Python3_EXECUTABLE}")
@@ -16,7 +18,7 @@ if(NOT EXISTS "${PREFIRE_PYTHON}")
   message(FATAL_ERROR "PREFIRE_PYTHON=${PREFIRE_PYTHON} does not exist: run scripts/setup.sh first (or pass -DPREFIRE_PYTHON=...)")
 endif()
 execute_process(
-  COMMAND "${PREFIRE_PYTHON}" -W ignore -c "import torch; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(int(torch.version.cuda is not None))"
+  COMMAND "${PREFIRE_PYTHON}" -W ignore -c "import torch; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(int(torch.version.cuda is not None)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
   OUTPUT_VARIABLE _prefire_torch_info
   RESULT_VARIABLE _prefire_torch_rc
   ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
@@ -27,6 +29,8 @@ string(REPLACE "\n" ";" _prefire_torch_info "${_prefire_torch_info}")
 list(GET _prefire_torch_info 0 _prefire_torch_prefix)
 list(GET _prefire_torch_info 1 PREFIRE_TORCH_VERSION)
 list(GET _prefire_torch_info 2 PREFIRE_TORCH_HAS_CUDA)
+list(GET _prefire_torch_info 3 PREFIRE_TORCH_CXX11_ABI)
+string(REGEX REPLACE "\\+.*" "" PREFIRE_TORCH_RELEASE "${PREFIRE_TORCH_VERSION}")  # 2.14.1+cu130 -> 2.14.1
 list(APPEND CMAKE_PREFIX_PATH "${_prefire_torch_prefix}")
 
 # Caffe2's config looks for the toolkit through the old FindCUDA module.

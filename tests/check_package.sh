@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Installs the built prefire into a temporary prefix, then configures, builds
-# and runs tests/package (find_package(prefire), prefire::prefire) against it.
+# and runs tests/package (find_package(prefire), prefire::prefire) against it,
+# twice, as a consumer with nothing but prefire's package config:
+#   1. torch found through an interpreter (Python3_EXECUTABLE);
+#   2. torch at another location than the one prefire was built against
+#      (prefire_TORCH_ROOT through a link to the same site-packages).
+# Neither passes CUDA settings: a consumer of a CUDA build needs no toolkit.
 #   check_package.sh BUILD_DIR PYTHON
 set -euo pipefail
 build_dir=$1
@@ -9,12 +14,21 @@ here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build_dir" --prefix "$tmp/prefix" >/dev/null
-torch_prefix=$("$python" -W ignore -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-# torch's own CMake config wants the CUDA toolkit and an arch list named (see
-# cmake/FindTorchFromPython.cmake); a consumer passes them the same way.
-cmake -G Ninja -S "$here/package" -B "$tmp/build" -Wno-dev -DCMAKE_PREFIX_PATH="$tmp/prefix;$torch_prefix" \
-  -DCUDA_TOOLKIT_ROOT_DIR=/usr/local/cuda -DTORCH_CUDA_ARCH_LIST=9.0 >"$tmp/configure.log" 2>&1 ||
-  { cat "$tmp/configure.log"; exit 1; }
-cmake --build "$tmp/build" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
-"$tmp/build/consumer"
-echo "find_package(prefire) consumer: OK"
+if grep -rq "site-packages" "$tmp/prefix/lib/cmake/prefire/prefireTargets.cmake"; then
+  echo "prefireTargets.cmake names a torch location:"; grep -n "site-packages" "$tmp/prefix/lib/cmake/prefire/prefireTargets.cmake"
+  exit 1
+fi
+site=$("$python" -W ignore -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
+ln -s "$site" "$tmp/site-packages-elsewhere"
+
+consumer() {  # NAME CMAKE_ARGS...
+  local name=$1; shift
+  env -u CUDA_HOME -u CUDA_PATH PATH="$(echo "$PATH" | tr ':' '\n' | grep -v cuda | paste -sd:)" \
+    cmake -G Ninja -S "$here/package" -B "$tmp/$name" -Wno-dev -DCMAKE_PREFIX_PATH="$tmp/prefix" "$@" \
+    >"$tmp/$name.configure.log" 2>&1 || { cat "$tmp/$name.configure.log"; exit 1; }
+  cmake --build "$tmp/$name" >"$tmp/$name.build.log" 2>&1 || { cat "$tmp/$name.build.log"; exit 1; }
+  "$tmp/$name/consumer"
+  echo "find_package(prefire) consumer, $name: OK"
+}
+consumer via-python -DPython3_EXECUTABLE="$python"
+consumer torch-elsewhere -Dprefire_TORCH_ROOT="$tmp/site-packages-elsewhere/torch"
