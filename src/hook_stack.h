@@ -4,7 +4,7 @@
 // saves while a checkpoint runs, independent of how the hooks reach prefire
 // (in C++ programs: the engine subclass in engine.cpp; in Python processes:
 // torch's default saved-tensor hooks, pushed by a HookSource, see Note
-// [Hooks in a Python process] in python/prefire/_C.cpp).
+// [Hooks in a Python process] in python/src/module.cpp).
 //
 // Note [One stack of hook contexts]
 // Forward frames (a checkpoint's forward run) and recompute captures (a

@@ -11,7 +11,10 @@
 // stack, and pops it when the scope ends. The pair is two C++ functions
 // (pybind11 cpp_function): pack hands the tensor to current_hook_context()
 // and returns the PackedTensor wrapped in a Python object; unpack unwraps and
-// unpacks it. No Python code of prefire's runs per saved tensor.
+// unpacks it. No Python code of prefire's runs per saved tensor. Each scope's
+// end pops the top pair of torch's stack: scopes end in LIFO order (the one
+// exception, a SavedTensorMeter stopped out of order, is C++ API only), and
+// hooks a user pushes inside a checkpoint are popped by the user first.
 //
 // The GIL: the checkpointed function is Python, run from C++ (forward, lazy
 // recomputation inside an unpack hook, prefire) under the GIL. Everything that
