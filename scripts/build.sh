@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing (scripts/setup.sh), then configures and builds
 # prefire with CMake + Ninja into $PREFIRE_BUILD_DIR (default: build/).
-# Extra arguments go to the build step (e.g. --target prefire-bench).
+# Extra arguments go to the build step (e.g. --target prefire-bench); the
+# Python package is built and copied into the venv either way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=$(scripts/setup.sh --print-python)
@@ -13,7 +14,12 @@ cmake -G Ninja -S . -B "$build_dir" -Wno-dev \
   -DPREFIRE_PYTHON="$python" \
   -DCMAKE_BUILD_TYPE="${PREFIRE_BUILD_TYPE:-RelWithDebInfo}" \
   ${PREFIRE_CMAKE_ARGS:-} >/dev/null
-cmake --build "$build_dir" "$@"
+# A build of chosen targets (scripts/run.sh) builds the Python package too.
+extra=()
+if [ $# -gt 0 ] && ninja -C "$build_dir" -t targets all 2>/dev/null | grep -q '^prefire_python:'; then
+  extra=(--target prefire_python)
+fi
+cmake --build "$build_dir" "$@" "${extra[@]}"
 # The Python package into the venv (a copy of <build>/python/prefire, no
 # rebuild), so that `import prefire` works there; pip builds a wheel instead
 # (README.md, "Python").
