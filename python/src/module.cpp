@@ -185,12 +185,14 @@ PYBIND11_MODULE(_C, m) {
 
   // Errors: prefire.CheckpointError is a torch.utils.checkpoint.CheckpointError.
   py::object torch_error = py::module_::import("torch.utils.checkpoint").attr("CheckpointError");
-  static py::exception<CheckpointError> checkpoint_error(m, "CheckpointError", torch_error.ptr());
+  // Leaked like the hooks: a static Python object would be released after
+  // the interpreter is gone.
+  static auto* checkpoint_error = new py::exception<CheckpointError>(m, "CheckpointError", torch_error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const CheckpointError& e) {
-      PyErr_SetString(checkpoint_error.ptr(), e.what());
+      PyErr_SetString(checkpoint_error->ptr(), e.what());
     }
   });
   g_stop_type = PyErr_NewException("prefire._C._RecomputationStopped", PyExc_BaseException, nullptr);
@@ -199,8 +201,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Packed>(m, "_Packed");
   g_pack = new py::function(py::cpp_function(&pack));
   g_unpack = new py::function(py::cpp_function(&unpack));
-  static PythonHooks hooks;
-  prefire::detail::set_hook_source(&hooks);
+  static auto* hooks = new PythonHooks();
+  prefire::detail::set_hook_source(hooks);
 
   m.def("checkpoint", &checkpoint_, py::arg("run"), py::arg("inputs"), py::arg("preserve_rng_state"),
         py::arg("determinism_check"), py::arg("early_stop"), py::arg("context_fn"));
