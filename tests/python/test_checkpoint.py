@@ -11,6 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as torch_checkpoint
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import prefire
 
@@ -167,15 +170,30 @@ def test_backward_on_another_thread():
     assert_bit_equal(result["g"], expected)
 
 
-def test_recomputation_that_differs_raises_torchs_checkpoint_error():
+def torch_non_reentrant(f, a):
+    return torch_checkpoint.checkpoint(f, a, use_reentrant=False)
+
+
+# Both raise torch's CheckpointError when the recomputation saves tensors of
+# other shapes. A recomputation that saves more than forward did raises in
+# prefire only: torch stops it after forward's count and lets it pass, prefire
+# stops early only where forward did autograd work after its last save (Note
+# [Early stop] in src/frame.cpp) and otherwise sees the extra save.
+@pytest.mark.parametrize(
+    "wrap, second_run",
+    [(prefire.checkpoint, "other shapes"), (torch_non_reentrant, "other shapes"), (prefire.checkpoint, "more saves")],
+    ids=["prefire-other-shapes", "torch-other-shapes", "prefire-more-saves"])
+def test_recomputation_that_differs_raises_torchs_checkpoint_error(wrap, second_run):
     x = torch.randn(4, 4, requires_grad=True)
     calls = []
 
     def changes(a):
         calls.append(1)
-        return a.sin() if len(calls) == 1 else a.sin().cos()
+        if len(calls) == 1:
+            return a.sin()
+        return a.sin().cos() if second_run == "more saves" else a[:2].sin()
 
-    y = prefire.checkpoint(changes, x)
+    y = wrap(changes, x)
     with pytest.raises(torch_checkpoint.CheckpointError):
         y.sum().backward()
     assert issubclass(prefire.CheckpointError, torch_checkpoint.CheckpointError)
@@ -265,3 +283,38 @@ def test_nothing_stays_alive_once_the_graph_is_gone():
     del y
     gc.collect()
     assert inputs() is None and outputs() is None
+
+
+class StorageCensus(TorchDispatchMode):
+    """Notes every storage an op makes; held() is the bytes of those still
+    alive: what forward keeps for backward, outputs included."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                self.made.setdefault(s._cdata, (StorageWeakRef(s), s.nbytes()))
+        return out
+
+    def held(self):
+        gc.collect()
+        return sum(n for ref, n in self.made.values() if not ref.expired())
+
+
+def test_forward_keeps_no_more_bytes_than_torchs_checkpoint():
+    blocks = model(blocks=4)
+    x = torch.randn(4, 64, 32, requires_grad=True)
+    held = {}
+    for name, wrap in [("plain", plain), ("torch", with_torch), ("prefire", with_prefire)]:
+        census = StorageCensus()
+        with census:
+            y = run(blocks, x, wrap)
+        held[name] = census.held()
+        y.sum().backward()
+        del y
+    assert held["prefire"] <= held["torch"] < held["plain"] / 4, held
