@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch  # loads libtorch before the extension module
 
-from . import _C
+from . import _C, cuda
 from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpoint_wrapper
 from ._schedule import (
     CheckpointHandle,
@@ -31,6 +31,7 @@ from ._schedule import (
     runtime_stats,
     session,
     session_stats,
+    set_recompute_observer,
     set_session_budget,
 )
 
@@ -51,5 +52,7 @@ __all__ = [
     "runtime_stats",
     "session",
     "session_stats",
+    "set_recompute_observer",
     "set_session_budget",
+    "cuda",
 ]

@@ -86,3 +86,12 @@ def runtime_stats() -> RuntimeStats:
 
 def reset_runtime_peak() -> None:
     _C.reset_runtime_peak()
+
+
+def set_recompute_observer(observer) -> None:
+    """Calls ``observer(kind, session, begin, end)`` after every recomputation,
+    on the thread that ran it: ``kind`` is ``"lazy"`` or ``"prefire"``,
+    ``session`` the session id or -1, ``begin``/``end`` host times on
+    ``time.monotonic()``'s clock (on CUDA, kernels may still run). ``None``
+    removes it. Errors it raises are reported as unraisable, not propagated."""
+    _C.set_recompute_observer(observer)

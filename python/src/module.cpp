@@ -38,6 +38,12 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#if PREFIRE_WITH_CUDA
+#include <prefire/cuda_stream.h>
+#endif
+
+#include <chrono>
+
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -167,6 +173,24 @@ TensorList checkpoint_(py::function run, const TensorList& inputs, bool preserve
   return checkpoint(wrap_function(std::move(run)), inputs, options);
 }
 
+/// A Python observer as the C++ one: called on the recomputing thread, takes
+/// the GIL, never throws (an error is reported as unraisable).
+RecomputeObserver wrap_observer(const py::object& observer) {
+  if (observer.is_none()) return {};
+  auto fn = hold(observer);
+  return [fn](const RecomputeEvent& e) {
+    py::gil_scoped_acquire gil;
+    auto seconds = [](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration<double>(t.time_since_epoch()).count();  // time.monotonic()'s clock on Linux
+    };
+    try {
+      (*fn)(e.kind == RecomputeEvent::Kind::kPrefire ? "prefire" : "lazy", e.session, seconds(e.begin), seconds(e.end));
+    } catch (py::error_already_set& error) {
+      error.discard_as_unraisable("prefire: the recompute observer");
+    }
+  };
+}
+
 // ---- scopes as context managers ----------------------------------------------
 
 /// A C++ scope object, opened by __enter__ and closed by __exit__.
@@ -258,4 +282,22 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("peak_held_bytes", &RuntimeStats::peak_held_bytes);
   m.def("runtime_stats", &prefire::runtime_stats);
   m.def("reset_runtime_peak", &prefire::reset_runtime_peak);
+  m.def("set_recompute_observer", [](const py::object& observer) { set_recompute_observer(wrap_observer(observer)); },
+        py::arg("observer"));
+
+  // CUDA knobs (no-ops, or 0, without CUDA).
+  m.def("cuda_available", &prefire::cuda_available);
+  m.def("set_prefire_stream_priority", &prefire::set_prefire_stream_priority, py::arg("priority"));
+  m.def("set_session_pool_enabled", &prefire::set_session_pool_enabled, py::arg("enabled"));
+  m.def("session_pool_enabled", &prefire::session_pool_enabled);
+  m.def("session_pool_reserved_bytes", &prefire::session_pool_reserved_bytes);
+  m.def("release_session_pools", &prefire::release_session_pools);
+  m.def("_prefire_stream", [](c10::DeviceIndex device) -> py::tuple {
+#if PREFIRE_WITH_CUDA
+    auto packed = prefire::prefire_stream(device).unwrap().pack3();
+    return py::make_tuple(packed.stream_id, packed.device_index, static_cast<int>(packed.device_type));
+#else
+    throw std::runtime_error("prefire was built without CUDA: no prefire stream");
+#endif
+  }, py::arg("device"));
 }

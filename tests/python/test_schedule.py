@@ -130,3 +130,36 @@ def test_budget_refuses_a_prefire_that_does_not_fit():
     prefire.set_session_budget(sid, None)
     prefire.clear_session(sid)
     del y
+
+
+def test_recompute_observer_sees_lazy_and_prefire_recomputations():
+    events = []
+    prefire.set_recompute_observer(lambda kind, session, begin, end: events.append((kind, session, begin <= end)))
+    try:
+        x = torch.randn(4, 4, requires_grad=True)
+        prefire.checkpoint(torch.sin, x).sum().backward()
+        with prefire.collect() as handles:
+            y = prefire.checkpoint(torch.sin, x)
+        prefire.prefire(handles[0], 5)
+        with prefire.session(5):
+            y.sum().backward()
+        prefire.clear_session(5)
+    finally:
+        prefire.set_recompute_observer(None)
+    prefire.checkpoint(torch.sin, x).sum().backward()  # removed: not seen
+    assert events == [("lazy", -1, True), ("prefire", 5, True)]
+
+
+def test_cuda_knobs_without_a_gpu_are_harmless_and_the_stream_is_prefires_own():
+    assert prefire.cuda.session_pool_enabled() is False
+    prefire.cuda.set_session_pool_enabled(True)
+    assert prefire.cuda.session_pool_enabled() is True
+    prefire.cuda.set_session_pool_enabled(False)
+    prefire.cuda.set_prefire_stream_priority(0)
+    if not prefire.cuda.cuda_available():
+        assert prefire.cuda.session_pool_reserved_bytes() == 0
+        pytest.skip("no CUDA device: the prefire stream is not there")
+    stream = prefire.cuda.prefire_stream(0)
+    assert stream == prefire.cuda.prefire_stream(0)
+    assert stream != torch.cuda.current_stream(0)
+    assert all(torch.cuda.Stream(0) != stream for _ in range(64))
