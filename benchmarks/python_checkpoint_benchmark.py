@@ -11,6 +11,7 @@ the medians of the rounds give the ratios, all measured in this one run.
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -82,9 +83,9 @@ def split_backward_variants():
                 for handle in handles:
                     prefire.attach(handle, session)
             x.grad = None
-            with prefire.session(session, retain_on_unpack=True) if session is not None else _Nothing():
+            with prefire.session(session, retain_on_unpack=True) if session is not None else contextlib.nullcontext():
                 _, groups = stage_backward_input([h], [gy], [x], iter(params))
-            with prefire.session(session) if session is not None else _Nothing():
+            with prefire.session(session) if session is not None else contextlib.nullcontext():
                 stage_backward_weight(iter(params), groups)
             if session is not None:
                 prefire.clear_session(session)
@@ -98,14 +99,6 @@ def split_backward_variants():
         "torch.utils.checkpoint": step(lambda b, h: torch_checkpoint.checkpoint(b, h, use_reentrant=False)),
         "prefire session": step(lambda b, h: prefire.checkpoint(b, h), session=1),
     }
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 def main():

@@ -32,27 +32,25 @@ void reset_peaks(const at::Device& device) {
   std::ofstream("/proc/self/clear_refs") << "5";
 }
 
-int64_t device_peak_bytes(const at::Device& device) {
+namespace {
+// The allocator's peak of one statistic (allocated or reserved), -1 on CPU.
+enum class Peak { kAllocated, kReserved };
+int64_t allocator_peak(const at::Device& device, Peak which) {
 #if PREFIRE_WITH_CUDA
   if (device.is_cuda()) {
     synchronize(device);
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    const auto& stat = which == Peak::kAllocated ? stats.allocated_bytes : stats.reserved_bytes;
+    return stat[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   }
 #endif
   return -1;
 }
+}  // namespace
 
-int64_t device_peak_reserved_bytes(const at::Device& device) {
-#if PREFIRE_WITH_CUDA
-  if (device.is_cuda()) {
-    synchronize(device);
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-  }
-#endif
-  return -1;
-}
+int64_t device_peak_bytes(const at::Device& device) { return allocator_peak(device, Peak::kAllocated); }
+
+int64_t device_peak_reserved_bytes(const at::Device& device) { return allocator_peak(device, Peak::kReserved); }
 
 int64_t peak_rss_bytes() {
   std::ifstream status("/proc/self/status");

@@ -101,8 +101,8 @@ Device& ready_device(c10::DeviceIndex index) {
 
 class CudaReadyEvent final : public ReadyEvent {
  public:
-  CudaReadyEvent(const c10::cuda::CUDAStream& producer, std::shared_ptr<PoolLease> lease)
-      : lease_(std::move(lease)) {
+  CudaReadyEvent(const c10::cuda::CUDAStream& producer, Device& device, std::shared_ptr<PoolLease> lease)
+      : device_(device), lease_(std::move(lease)) {
     event_.record(producer.unwrap());
   }
 
@@ -112,13 +112,14 @@ class CudaReadyEvent final : public ReadyEvent {
     const c10::DeviceIndex index = t.device().index();
     auto consumer = c10::cuda::getCurrentCUDAStream(index);
     event_.block(consumer.unwrap());
-    std::unique_lock<std::mutex> window;
-    if (!open_here(index)) window = std::unique_lock<std::mutex>(device_state(index).window_mu);
+    std::unique_lock<std::mutex> window;  // the prefire's tensors live on the prefire stream's device
+    if (!open_here(index)) window = std::unique_lock<std::mutex>(device_.window_mu);
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), consumer);
   }
 
  private:
   c10::Event event_{c10::DeviceType::CUDA};
+  Device& device_;                     // never destroyed (device_state)
   std::shared_ptr<PoolLease> lease_;  // the pool the tensors live in, while they are held
 };
 
@@ -199,7 +200,7 @@ bool PrefireRun::in_pool() const { return impl_ && impl_->lease != nullptr; }
 std::shared_ptr<ReadyEvent> PrefireRun::finish() {
   if (!impl_) return nullptr;
   impl_->close();  // (3)
-  return std::make_shared<CudaReadyEvent>(impl_->stream, impl_->lease);
+  return std::make_shared<CudaReadyEvent>(impl_->stream, impl_->device, impl_->lease);
 }
 
 #else  // !PREFIRE_WITH_CUDA
