@@ -5,7 +5,8 @@
 #   * torch 2.14.1 (LibTorch comes from the wheel) in a virtual environment
 #     outside the repository, so clean clones and CI reuse it:
 #     $PREFIRE_VENV, default ~/.cache/prefire/venv
-#   * pytest and scikit-build-core in that venv (the Python package's tests and wheel)
+#   * pytest, scikit-build-core, numpy and matplotlib in that venv (the Python
+#     package's tests and wheel, torch.distributed's object messages, the pipeline plot)
 #   * Debian packages: GoogleTest, GoogleMock, Google Benchmark, CLI11, nlohmann-json, Ninja, ccache
 #
 # Sourced or executed; prints the venv's python path on stdout as its last line
@@ -47,10 +48,12 @@ if ! have_torch; then
   have_torch || { log "torch $TORCH_VERSION did not install into $VENV"; exit 1; }
 fi
 
-# The Python package's tests (pytest) and wheel build (scikit-build-core).
-if ! "$VENV/bin/python" -c "import pytest, scikit_build_core" 2>/dev/null; then
-  log "installing pytest and scikit-build-core into $VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pytest scikit-build-core 2>&1 |
+# The Python package's tests (pytest) and wheel build (scikit-build-core);
+# NumPy (torch.distributed sends Python objects through it) and matplotlib
+# (the plot of python -m prefire.pipeline).
+if ! "$VENV/bin/python" -c "import pytest, scikit_build_core, numpy, matplotlib" 2>/dev/null; then
+  log "installing pytest, scikit-build-core, numpy and matplotlib into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pytest scikit-build-core numpy matplotlib 2>&1 |
     grep -v "^WARNING: Location .* is ignored" >&2 || true
 fi
 

@@ -1,0 +1,131 @@
+"""Prefire in a pipeline's bubbles: which checkpoints a rank recomputes while
+it waits on a receive, and for how long (used by :mod:`prefire.pipelining`).
+
+Note [Filling bubbles]
+A wait point is a (kind, stage, micro-batch) receive the schedule waits on;
+the same points recur every step, with about the same idle time. At a point
+the rank recomputes, last block first, the checkpoints of the micro-batches
+whose backward comes next on this rank (in the schedule's own order of B and
+full-backward actions), while three things hold: the receive is not reported
+complete, the time spent here plus one checkpoint's recomputation (a running
+mean) fits the point's slack, and the micro-batch's session budget admits
+the prefire (a refused one moves on to the next micro-batch).
+
+The slack is measured, not guessed: during the first two steps after
+``enable`` nothing is prefired and each point's slack becomes the shortest
+wait seen there, the natural bubble. It is not re-learned from later waits:
+those depend on the prefires of both neighbours, and a rank whose prefires
+ran long makes its neighbour wait longer, which would teach the neighbour a
+longer slack in turn. A wait that ended at once (under 0.1 ms) after prefires
+means they may have run past the receive: the point's slack shrinks by one
+checkpoint's time, so it settles just inside the bubble. Measuring is needed
+because a Gloo receive reports completion only once waited on
+(``is_completed()`` is False before ``wait()`` however long ago the data
+came); backends that report arrival also stop the prefires early through
+``is_completed()``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import _C
+
+_ENDED_AT_ONCE_S = 1e-4
+_LEARNING_STEPS = 2
+
+WaitPoint = Tuple[str, int, int]
+
+
+class BubbleFiller:
+    """The bubble prefires of one rank's schedule (Note [Filling bubbles])."""
+
+    def __init__(self, schedule, pending: Callable[[int, int], Optional[Any]], stats, prefire=_C.prefire,
+                 clock=time.monotonic) -> None:
+        """``pending(stage_index, micro_batch)``: that micro-batch's
+        ``_MicroBatch`` (session, handles, prefired) or None; ``prefire``
+        and ``clock`` are ``prefire.prefire`` and ``time.monotonic`` (a test
+        passes its own)."""
+        self.schedule = schedule
+        self.prefire = prefire
+        self.clock = clock
+        self.pending = pending
+        self.stats = stats
+        self.slack: Dict[WaitPoint, float] = {}
+        self.spent: Dict[WaitPoint, float] = {}   # prefire seconds at a point whose wait is running
+        self.done: set = set()                    # (stage, micro-batch) whose backward started this step
+        self.steps = 0
+        self.checkpoint_s: Optional[float] = None
+        self._order: Optional[List[Tuple[int, int]]] = None
+
+    def order(self) -> List[Tuple[int, int]]:
+        """This rank's backward actions (B or full backward), in schedule order."""
+        if self._order is None:
+            from torch.distributed.pipelining.schedules import BACKWARD_INPUT, FULL_BACKWARD
+
+            order = []
+            for action in self.schedule.pipeline_order_with_comms[self.schedule.rank]:
+                for a in (action.sub_actions or ()) if action is not None else ():
+                    if a.computation_type in (BACKWARD_INPUT, FULL_BACKWARD):
+                        order.append((a.stage_index, a.microbatch_index))
+                if action is not None and action.computation_type in (BACKWARD_INPUT, FULL_BACKWARD):
+                    order.append((action.stage_index, action.microbatch_index))
+            self._order = order
+        return self._order
+
+    def new_step(self) -> None:
+        self.done.clear()
+        self.steps += 1
+
+    def backward_started(self, stage_index: int, micro_batch: int) -> None:
+        self.done.add((stage_index, micro_batch))
+
+    def before_wait(self, kind: str, stage_index: int, micro_batch: int, works: Sequence[Any]) -> None:
+        point = (kind, stage_index, micro_batch)
+        slack = self.slack.get(point)
+        begin = self.clock()
+        self.spent[point] = 0.0
+        if self.steps <= _LEARNING_STEPS or slack is None:
+            return
+        ran = 0
+        for target in self.order():
+            if target in self.done:
+                continue
+            mb = self.pending(*target)
+            if mb is None:
+                continue
+            while mb.prefired < len(mb.handles):
+                if works and all(w.is_completed() for w in works):
+                    return self._spent(point, begin, ran)
+                if self.clock() - begin + (self.checkpoint_s or 0.0) > slack:
+                    return self._spent(point, begin, ran)
+                handle = mb.handles[len(mb.handles) - 1 - mb.prefired]
+                started = self.clock()
+                status = self.prefire(handle, mb.session)
+                if status == _C.PrefireStatus.REFUSED_OVER_BUDGET:
+                    self.stats.bubble_refused += 1
+                    mb.prefired = len(mb.handles)  # its session is full: the rest is B's
+                    break
+                mb.prefired += 1
+                if status == _C.PrefireStatus.RECOMPUTED:
+                    ran += 1
+                    took = self.clock() - started
+                    self.checkpoint_s = took if self.checkpoint_s is None else 0.8 * self.checkpoint_s + 0.2 * took
+                    self.stats.bubble_prefires += 1
+        self._spent(point, begin, ran)
+
+    def _spent(self, point: WaitPoint, begin: float, ran: int) -> None:
+        if ran:
+            spent = self.clock() - begin
+            self.spent[point] = spent
+            self.stats.bubble_seconds += spent
+
+    def after_wait(self, kind: str, stage_index: int, micro_batch: int, begin: float, end: float) -> None:
+        point = (kind, stage_index, micro_batch)
+        spent = self.spent.pop(point, 0.0)
+        waited = end - begin
+        if self.steps <= _LEARNING_STEPS:
+            self.slack[point] = min(self.slack.get(point, waited), waited)
+        elif spent > 0 and waited < _ENDED_AT_ONCE_S and point in self.slack:
+            self.slack[point] = max(0.0, self.slack[point] - (self.checkpoint_s or 0.0))

@@ -1,0 +1,139 @@
+"""What the pipeline program prints and writes: the summary of every mode's
+ranks (and the ratios between modes), the table, and the timeline plot."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+
+MiB = 1 << 20
+
+# Timeline colours by event kind (the plot's legend).
+_COLOURS = {
+    "F": ("#4C72B0", "forward"),
+    "B": ("#DD8452", "B (input grads)"),
+    "W": ("#55A868", "W (weight grads)"),
+    "BW": ("#8172B3", "full backward"),
+    "wait": ("#BBBBBB", "waiting on a receive"),
+    "recompute": ("#C44E52", "recomputation in backward"),
+    "recompute-bubble": ("#E6AB02", "recomputation in a bubble"),
+}
+
+
+def compare_gradients(got: Dict[str, torch.Tensor], expected: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+    """Bit-equality of a rank's gradients with the single-process run's."""
+    missing = sorted(set(expected) - set(got))
+    diff = max((float((g - expected[n]).abs().max()) for n, g in got.items()), default=0.0)
+    exact = all(torch.equal(g, expected[n]) for n, g in got.items())
+    return {"exact": exact, "max_abs_diff": diff, "parameters": len(got), "missing": missing}
+
+
+def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
+              grads: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """``runs``: mode -> each rank's result; ``grads``: mode -> the comparison
+    over all ranks. Adds a mode's step time (the slowest rank's: a step ends
+    when every rank's has), the ratios to torch's checkpoint and the hidden
+    fraction H = (session - bubble) / (session - none) of the recomputation
+    time, per rank and overall."""
+    modes: Dict[str, Any] = {}
+    timelines: Dict[str, Any] = {}
+    for mode, ranks in runs.items():
+        timelines[mode] = [r.pop("timeline") for r in ranks]
+        modes[mode] = {"step_s": max(r["step_s"] for r in ranks), "ranks": ranks, "gradients": grads[mode]}
+
+    def step(mode: str, rank: Optional[int] = None) -> Optional[float]:
+        if mode not in modes:
+            return None
+        return modes[mode]["step_s"] if rank is None else modes[mode]["ranks"][rank]["step_s"]
+
+    def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+        return a / b if a is not None and b else None
+
+    def hidden(rank: Optional[int] = None) -> Optional[float]:
+        lazy, pre, none = step("session", rank), step("bubble", rank), step("none", rank)
+        if None in (lazy, pre, none) or lazy <= none:
+            return None
+        return (lazy - pre) / (lazy - none)
+
+    world = len(next(iter(runs.values())))
+    return {
+        "config": config,
+        "modes": modes,
+        "ratios": {f"{m}/torch": ratio(step(m), step("torch")) for m in ("none", "session", "bubble", "budget")
+                   if m in modes},
+        "hidden_fraction": {"overall": hidden(), "per_rank": [hidden(r) for r in range(world)]},
+        "timelines": timelines,
+    }
+
+
+def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def table(summary: Dict[str, Any]) -> str:
+    head = ("mode", "rank", "stages", "step ms", "recomp/block/mb", "recomp ms", "in bubble ms", "wait ms",
+            "held MiB", "RSS MiB", "grads")
+    rows = [head]
+    for mode, m in summary["modes"].items():
+        grads = "exact" if m["gradients"]["exact"] else f"diff {m['gradients']['max_abs_diff']:.1e}"
+        for r in m["ranks"]:
+            per_block = list(r["recomputations_per_block_per_micro_batch"].values())
+            lo, hi = min(per_block), max(per_block)
+            rows.append((mode, str(r["rank"]), ",".join(map(str, r["stages"])), _fmt(r["step_s"], 1e3),
+                         f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}", _fmt(r["recompute_s"], 1e3),
+                         _fmt(r["recompute_bubble_s"], 1e3), _fmt(r["wait_s"], 1e3),
+                         _fmt(r["peak_held_bytes"], 1 / MiB), _fmt(r["peak_rss_bytes"], 1 / MiB, 0), grads))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    out = ["\n".join(lines), ""]
+    out.append("step time (slowest rank), ratio to torch's checkpoint: " + ", ".join(
+        f"{k} {_fmt(v, 1, 3)}" for k, v in summary["ratios"].items()))
+    h = summary["hidden_fraction"]
+    out.append("hidden fraction of recomputation time H = (session - bubble) / (session - none): overall "
+               + _fmt(h["overall"], 1, 2) + ", per rank " + ", ".join(_fmt(x, 1, 2) for x in h["per_rank"]))
+    return "\n".join(out)
+
+
+def plot(summary: Dict[str, Any], path: str) -> None:
+    """One panel per mode, one row per rank: the last measured step's stage
+    actions, receive waits and recomputations against time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    timelines = summary["timelines"]
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.0 + 1.1 * len(timelines) * len(
+        next(iter(timelines.values())))), sharex=True, squeeze=False)
+    for ax, (mode, ranks) in zip(axes[:, 0], timelines.items()):
+        origin = min(r["begin"] for r in ranks)
+        for row, r in enumerate(ranks):
+            y = len(ranks) - 1 - row
+            for kind, stage, index, begin, end in r["events"]:
+                colour = _COLOURS[kind][0]
+                if kind.startswith("recompute"):  # a thin bar under the action it ran in
+                    box = (y - 0.42, 0.2)
+                else:
+                    box = (y - 0.2, 0.6)
+                ax.broken_barh([((begin - origin) * 1e3, (end - begin) * 1e3)], box, facecolors=colour,
+                               edgecolors="white" if not kind.startswith("recompute") else colour, linewidth=0.3)
+                if kind in ("F", "B", "W", "BW") and (end - begin) * 1e3 > 0:
+                    ax.text((begin + end - 2 * origin) / 2 * 1e3, y + 0.1, f"{stage}.{index}", ha="center",
+                            va="center", fontsize=5, color="white")
+        ax.set_yticks(range(len(ranks)), [f"rank {len(ranks) - 1 - i}" for i in range(len(ranks))])
+        step = summary["modes"][mode]["step_s"] * 1e3
+        ax.set_title(f"{mode}: step {step:.0f} ms", loc="left", fontsize=9)
+        ax.set_ylim(-0.6, len(ranks) - 0.4)
+    axes[-1, 0].set_xlabel("ms since the step began (stage.micro-batch on each action)")
+    fig.legend(handles=[Patch(color=c, label=label) for c, label in _COLOURS.values()], loc="lower center",
+               ncol=4, fontsize=8, frameon=False)
+    cfg = summary["config"]
+    fig.suptitle(f"prefire.pipeline: {cfg['schedule']}, {cfg['world']} ranks, {cfg['model']['blocks']} blocks, "
+                 f"{cfg['model']['micro_batches']} micro-batches (last measured step)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.97))
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -1,0 +1,358 @@
+"""prefire for ``torch.distributed.pipelining``: one call on a schedule.
+
+``prefire.pipelining.enable(schedule)`` makes every micro-batch's checkpoints
+(blocks that use :func:`prefire.checkpoint`) join a session of their own:
+opened when the stage runs the micro-batch's forward, bound to its
+input-gradient pass B and its weight-gradient pass W, cleared after W (or
+after the full backward, for schedules that do not split it). B and W then
+share one recomputation where ``torch.utils.checkpoint`` recomputes in each.
+The model does not change beyond using prefire's checkpoint.
+
+With ``bubble=True``, while the schedule waits on a receive (activations or
+gradients), the rank recomputes the checkpoints of the micro-batches whose
+backward comes next on it, last block first (the order B needs them), for
+as long as the wait lasted when nothing was prefired, under a byte budget
+per session (``budget_bytes``); what is left is recomputed lazily by B.
+See Note [Filling bubbles] in ``_bubbles.py``.
+
+Note [Where prefire hooks into a pipeline schedule]
+The stages are the one place every schedule goes through: a schedule calls
+``forward_one_chunk``, ``backward_one_chunk`` and
+``backward_weight_one_chunk`` of its stages and nothing else computes. So
+``enable`` wraps those three methods on each stage object (its own
+attributes, shadowing the class's; ``disable`` removes them again), plus
+``clear_runtime_states``, which every ``step`` calls first and where the
+sessions a failed step left behind are cleared.
+
+A bubble is where a schedule waits on a posted receive. The schedules built
+on ``_PipelineScheduleRuntime`` (interleaved 1F1B, interleaved zero bubble,
+ZBV, DualPipeV) post receives as actions of their own and keep the pending
+ones in two tables keyed by (stage index, micro-batch), ``fwd_recv_ops`` and
+``bwd_recv_ops``; a compute action pops its entry and waits on it right
+away. :func:`on_receive_wait` replaces those tables with dicts whose ``pop``
+first runs callbacks with the pending works (where the bubble prefire runs)
+and hands the runtime a stand-in that times the wait (how the pipeline
+program measures bubbles).
+``Schedule1F1B`` and ``ScheduleGPipe`` post a receive and wait on it in the
+same line of their own loop: there is no moment between the two to use, so
+``bubble=True`` is refused for them (sessions work with every schedule).
+Both hooks use private attributes of torch 2.14's pipelining (``_stages``,
+``_stage``, the two tables, ``pipeline_order_with_comms``); the tests run
+real schedules through them, so a torch that moves them fails there.
+
+Session ids are taken from a process-wide counter starting at 2**62, so they
+do not meet ids a program chooses for its own sessions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import _C
+from ._bubbles import BubbleFiller
+from ._schedule import collect, session
+
+__all__ = ["PipelineStats", "Pipelining", "enable", "on_receive_wait"]
+
+_session_ids = itertools.count(1 << 62)
+
+#: ``before(kind, stage_index, micro_batch, works)``: kind is "forward"
+#: (activations) or "backward" (gradients), works the pending dist.Work objects
+BeforeWait = Callable[[str, int, int, Sequence[Any]], None]
+#: ``after(kind, stage_index, micro_batch, begin, end)``: the wait's host
+#: times on time.monotonic()'s clock
+AfterWait = Callable[[str, int, int, float, float], None]
+
+
+class _TimedWait:
+    """Stands for the works of one receive in the list the runtime waits on:
+    waits on all of them, then reports the wait. (A Gloo receive's ``wait``
+    may not be called twice: the second waits for another message.)"""
+
+    def __init__(self, table: "_ReceiveTable", key, works) -> None:
+        self.table, self.key, self.works = table, key, works
+
+    def wait(self, *args, **kwargs) -> bool:
+        begin = time.monotonic()
+        for work in self.works:
+            work.wait(*args, **kwargs)
+        end = time.monotonic()
+        for after in list(self.table.after):
+            after(self.table.kind, *self.key, begin, end)
+        return True
+
+
+class _ReceiveTable(dict):
+    """A schedule's table of posted receives whose ``pop`` (the runtime pops
+    an entry right before waiting on it) first runs the ``before`` callbacks,
+    and hands out a :class:`_TimedWait` when there are ``after`` callbacks."""
+
+    def __init__(self, kind: str, entries: dict) -> None:
+        super().__init__(entries)
+        self.kind = kind
+        self.before: List[BeforeWait] = []
+        self.after: List[AfterWait] = []
+
+    def pop(self, key, *default):
+        works = super().pop(key, *default)
+        for before in list(self.before):
+            before(self.kind, *key, works)
+        return [_TimedWait(self, key, works)] if self.after else works
+
+
+def _receive_tables(schedule) -> List[_ReceiveTable]:
+    tables = []
+    for kind, name in (("forward", "fwd_recv_ops"), ("backward", "bwd_recv_ops")):
+        table = getattr(schedule, name, None)
+        if not isinstance(table, dict):
+            raise ValueError(
+                f"{type(schedule).__name__} waits on a receive where it posts it (no table of pending "
+                "receives): receive-wait callbacks and bubble prefire need a schedule built on "
+                "_PipelineScheduleRuntime (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, "
+                "ScheduleZBVZeroBubble, ScheduleDualPipeV)")
+        if not isinstance(table, _ReceiveTable):
+            table = _ReceiveTable(kind, table)
+            setattr(schedule, name, table)
+        tables.append(table)
+    return tables
+
+
+def on_receive_wait(schedule, before: Optional[BeforeWait] = None,
+                    after: Optional[AfterWait] = None) -> Callable[[], None]:
+    """Runs ``before(kind, stage_index, micro_batch, works)`` each time
+    ``schedule`` is about to wait on a posted receive (``kind`` "forward":
+    activations, "backward": gradients; ``works`` the pending ``dist.Work``
+    objects; do not wait on them) and ``after(kind, stage_index, micro_batch,
+    begin, end)`` once the wait is over. Callbacks run in the order they were
+    added. Returns a function that removes them. Raises ``ValueError`` for
+    schedules that wait where they post (``Schedule1F1B``, ``ScheduleGPipe``)."""
+    tables = _receive_tables(schedule)
+    for table in tables:
+        if before is not None:
+            table.before.append(before)
+        if after is not None:
+            table.after.append(after)
+
+    def remove() -> None:
+        for table in tables:
+            if before in table.before:
+                table.before.remove(before)
+            if after in table.after:
+                table.after.remove(after)
+
+    return remove
+
+
+@dataclass
+class PipelineStats:
+    """What :func:`enable`'s sessions did since it was called (or since
+    :meth:`Pipelining.reset_stats`)."""
+
+    sessions: int = 0             # micro-batch sessions opened (one per stage and micro-batch)
+    bubble_prefires: int = 0      # checkpoints recomputed while waiting on a receive
+    bubble_refused: int = 0       # bubble prefires the session budget refused (left to B)
+    bubble_seconds: float = 0.0   # host time spent on bubble prefires
+    max_session_bytes: int = 0    # the most bytes one micro-batch's session held (its peak)
+
+
+@dataclass
+class _MicroBatch:
+    session: int
+    handles: List[Any] = field(default_factory=list)
+    prefired: int = 0   # handles prefired so far, from the last one back
+
+
+class _StageSessions:
+    """The sessions of one stage: micro-batch -> session, and the stage
+    methods that open, bind and clear them (Note [Where prefire hooks into a
+    pipeline schedule])."""
+
+    _METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk", "clear_runtime_states")
+
+    def __init__(self, owner: "Pipelining", stage) -> None:
+        self.owner = owner
+        self.stage = stage
+        self.pending: Dict[int, _MicroBatch] = {}
+        if getattr(stage, "_prefire_sessions", None) is not None:
+            raise RuntimeError(f"prefire.pipelining.enable: stage {stage.stage_index} already has prefire sessions "
+                               "(enable was called twice for its schedule)")
+        # The stage's own attributes under these names (a wrapper someone put
+        # there before), given back by restore().
+        self.shadowed = {name: vars(stage)[name] for name in self._METHODS if name in vars(stage)}
+        original = {name: getattr(stage, name) for name in self._METHODS}
+
+        def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
+            with collect() as handles:
+                out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
+            self.open(fwd_chunk_id, handles)
+            return out
+
+        def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
+            full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+            if owner.bubbles is not None:
+                owner.bubbles.backward_started(stage.stage_index, bwd_chunk_id)
+            # B keeps what it recomputed for W; a full backward is the last pass.
+            self.run_pass(bwd_chunk_id, not full, lambda: original["backward_one_chunk"](bwd_chunk_id, *args, **kwargs))
+
+        def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
+            self.run_pass(bwd_chunk_id, False,
+                          lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs))
+
+        def clear_runtime_states():
+            self.clear_all()
+            if owner.bubbles is not None and stage is owner.first_stage:  # once per step
+                owner.bubbles.new_step()
+            original["clear_runtime_states"]()
+
+        self.wrappers = {"forward_one_chunk": forward_one_chunk, "backward_one_chunk": backward_one_chunk,
+                         "backward_weight_one_chunk": backward_weight_one_chunk,
+                         "clear_runtime_states": clear_runtime_states}
+        for name, fn in self.wrappers.items():
+            setattr(stage, name, fn)
+        stage._prefire_sessions = self
+
+    def open(self, micro_batch: int, handles) -> None:
+        if micro_batch in self.pending:  # a forward run again without its backward: the old graph is gone
+            self.close(micro_batch)
+        if not handles:
+            return
+        mb = _MicroBatch(next(_session_ids), list(handles))
+        if self.owner.budget_bytes is not None:
+            _C.set_session_budget(mb.session, self.owner.budget_bytes)
+        for handle in mb.handles:
+            _C.attach(handle, mb.session)
+        self.pending[micro_batch] = mb
+        self.owner._stats.sessions += 1
+
+    def run_pass(self, micro_batch: int, retain: bool, run: Callable[[], Any]) -> None:
+        mb = self.pending.get(micro_batch)
+        if mb is None:  # nothing checkpointed in this micro-batch
+            run()
+            return
+        try:
+            with session(mb.session, retain_on_unpack=retain):
+                run()
+        except BaseException:
+            self.close(micro_batch)
+            raise
+        if not retain:
+            self.close(micro_batch)
+
+    def close(self, micro_batch: int) -> None:
+        mb = self.pending.pop(micro_batch)
+        stats = self.owner._stats
+        stats.max_session_bytes = max(stats.max_session_bytes, _C.session_stats(mb.session).peak_bytes)
+        _C.clear_session(mb.session)
+
+    def clear_all(self) -> None:
+        for micro_batch in list(self.pending):
+            self.close(micro_batch)
+
+    def restore(self) -> None:
+        self.clear_all()
+        own = vars(self.stage)
+        for name, fn in self.wrappers.items():
+            if own.get(name) is not fn:
+                raise RuntimeError(f"prefire.pipelining: stage {self.stage.stage_index}'s {name} was wrapped again "
+                                   "after enable(); remove that wrapper before disable()")
+        for name in self.wrappers:
+            if name in self.shadowed:
+                own[name] = self.shadowed[name]
+            else:
+                del own[name]
+        del own["_prefire_sessions"]
+
+
+def _stages_of(schedule) -> List[Any]:
+    stages = getattr(schedule, "_stages", None)
+    if stages is None:
+        stage = getattr(schedule, "_stage", None)
+        stages = [stage] if stage is not None else None
+    if not stages or not all(hasattr(s, "backward_weight_one_chunk") for s in stages):
+        raise TypeError(f"prefire.pipelining.enable: expected a torch.distributed.pipelining schedule, "
+                        f"got {type(schedule).__name__}")
+    return list(stages)
+
+
+def _check_budget(budget_bytes: Optional[int], bubble: bool) -> None:
+    if budget_bytes is not None and (type(budget_bytes) is not int or budget_bytes < 0):
+        raise ValueError(f"prefire.pipelining: budget_bytes must be a non-negative int or None, got {budget_bytes!r}")
+    if budget_bytes is not None and not bubble:
+        raise ValueError("prefire.pipelining: budget_bytes caps bubble prefires; enable with bubble=True")
+
+
+class Pipelining:
+    """The prefire sessions of one schedule (made by :func:`enable`)."""
+
+    def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int]) -> None:
+        _check_budget(budget_bytes, bubble)
+        stages = _stages_of(schedule)
+        if bubble:  # checks the schedule before anything is wrapped
+            _receive_tables(schedule)
+        self.schedule = schedule
+        self.first_stage = stages[0]
+        self.budget_bytes = budget_bytes
+        self._stats = PipelineStats()
+        self.bubbles: Optional[BubbleFiller] = None
+        self._remove_callbacks: Optional[Callable[[], None]] = None
+        self._stages: Dict[int, _StageSessions] = {}
+        try:
+            for stage in stages:
+                self._stages[stage.stage_index] = _StageSessions(self, stage)
+        except BaseException:
+            self.disable()
+            raise
+        if bubble:
+            self.bubbles = BubbleFiller(schedule, self._pending, self._stats)
+            self._remove_callbacks = on_receive_wait(schedule, before=self.bubbles.before_wait,
+                                                     after=self.bubbles.after_wait)
+
+    def _pending(self, stage_index: int, micro_batch: int) -> Optional[_MicroBatch]:
+        sessions = self._stages.get(stage_index)
+        return sessions.pending.get(micro_batch) if sessions is not None else None
+
+    def set_budget_bytes(self, budget_bytes: Optional[int]) -> None:
+        """Sets the byte budget of the sessions opened from now on."""
+        _check_budget(budget_bytes, self.bubbles is not None)
+        self.budget_bytes = budget_bytes
+
+    def stats(self) -> PipelineStats:
+        return PipelineStats(**vars(self._stats))
+
+    def reset_stats(self) -> None:
+        vars(self._stats).update(vars(PipelineStats()))
+
+    def disable(self) -> None:
+        """Clears the open sessions and gives the stages their own methods
+        back. Idempotent."""
+        if self._remove_callbacks is not None:
+            self._remove_callbacks()
+            self._remove_callbacks = None
+        self.bubbles = None
+        for sessions in self._stages.values():
+            sessions.restore()
+        self._stages.clear()
+
+
+def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None) -> Pipelining:
+    """Gives each micro-batch's checkpoints a session shared by its backward
+    passes, for every stage of ``schedule`` on this rank (see the module
+    docstring). Call once, after building the schedule and before ``step``.
+
+    Args:
+        bubble: recompute the checkpoints of the micro-batches whose
+            backward comes next while the rank waits on a receive (schedules
+            built on ``_PipelineScheduleRuntime`` only; the first two steps
+            measure the waits).
+        budget_bytes: at most this many bytes of bubble prefires per
+            micro-batch session (forward bytes of what they recompute); a
+            prefire that would exceed it is left to B. Needs ``bubble``.
+
+    Returns:
+        A :class:`Pipelining`: ``stats()``, ``set_budget_bytes()``,
+        ``disable()``.
+    """
+    return Pipelining(schedule, bubble, budget_bytes)

@@ -1,0 +1,233 @@
+"""prefire.pipelining on torch.distributed.pipelining's own schedules.
+
+In one process: a ZBV schedule whose two stages share the rank (no
+receives), where sessions alone decide the recomputation count. Across
+processes: the pipeline program (prefire.pipeline) on 2 ranks over Gloo,
+every mode, started and torn down by the test."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.utils.checkpoint as torch_checkpoint
+from torch.distributed import pipelining as pp
+
+import prefire
+from prefire import pipelining
+from prefire.pipeline import run
+from prefire.pipeline.config import RunConfig
+from prefire.pipeline.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
+
+TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def zbv_one_rank(run_block, cfg=TINY):
+    """A ZBV schedule whose two stages are both on this rank; returns the
+    schedule, the stage modules and a function running one step."""
+    model = GPT(cfg)
+    modules = [Stage(model, i, 2, run_block) for i in range(2)]
+    stages = [pp.PipelineStage(m, i, 2, torch.device("cpu")) for i, m in enumerate(modules)]
+    schedule = pp.ScheduleZBVZeroBubble(stages, cfg.micro_batches, loss_fn=loss_fn)
+    tokens, targets = data(cfg)
+
+    def step():
+        for m in modules:
+            m.zero_grad(set_to_none=True)
+        schedule.step(tokens, target=targets)
+        return {n: p.grad.clone() for m in modules for n, p in m.named_parameters()}
+
+    return schedule, modules, step
+
+
+def count_runs(modules):
+    runs = {}
+    for m in modules:
+        for block in m.blocks.values():
+            block.observer = lambda i, begin, end: runs.__setitem__(i, runs.get(i, 0) + 1)
+    return runs
+
+
+def test_sessions_recompute_each_block_once_per_micro_batch_where_torch_recomputes_in_b_and_w(one_rank):
+    expected = reference_gradients(TINY)
+    forward_runs = TINY.micro_batches
+
+    schedule, modules, step = zbv_one_rank(lambda b, x: torch_checkpoint.checkpoint(b, x, use_reentrant=False))
+    runs = count_runs(modules)
+    step()  # the first step also runs the stages once to infer shapes
+    runs.clear()
+    grads = step()
+    assert all(torch.equal(grads[n], expected[n]) for n in expected)
+    # stage 0 runs one full backward (in W); stage 1 splits it: B, and W once per group of weights
+    assert runs[0] == runs[1] == 2 * forward_runs
+    assert runs[2] >= 3 * forward_runs and runs[3] >= 3 * forward_runs
+
+    schedule, modules, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
+    sessions = pipelining.enable(schedule)
+    runs = count_runs(modules)
+    step()
+    for _ in range(2):  # a later step reuses nothing of an earlier one
+        runs.clear()
+        grads = step()
+        assert all(torch.equal(grads[n], expected[n]) for n in expected)
+        assert runs == {b: 2 * forward_runs for b in range(TINY.blocks)}
+        assert prefire.runtime_stats().held_bytes == 0  # every session cleared after its W
+    stats = sessions.stats()
+    assert stats.sessions == 6 * TINY.micro_batches and stats.max_session_bytes > 0
+    assert stats.bubble_prefires == 0
+    sessions.disable()
+    sessions.disable()  # idempotent
+    assert all("forward_one_chunk" not in vars(s) for s in schedule._stages)
+
+
+def test_enable_errors(one_rank):
+    with pytest.raises(TypeError, match="expected a torch.distributed.pipelining schedule"):
+        pipelining.enable(object())
+    schedule, _, _ = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
+    with pytest.raises(ValueError, match="enable with bubble=True"):
+        pipelining.enable(schedule, budget_bytes=1 << 20)
+    with pytest.raises(ValueError, match="non-negative int"):
+        pipelining.enable(schedule, bubble=True, budget_bytes=-1)
+    sessions = pipelining.enable(schedule, bubble=True, budget_bytes=1 << 20)
+    with pytest.raises(RuntimeError, match="enable was called twice"):
+        pipelining.enable(schedule)
+    sessions.disable()
+    pipelining.enable(schedule).disable()  # allowed again once disabled
+
+    model = GPT(ModelConfig(vocab=64, dim=32, heads=2, blocks=2, seq=16, batch=2, micro_batches=2))
+    single = pp.Schedule1F1B(pp.PipelineStage(Stage(model, 0, 1, lambda b, x: b(x)), 0, 1, torch.device("cpu")),
+                             2, loss_fn=loss_fn)
+    with pytest.raises(ValueError, match="waits on a receive where it posts it"):
+        pipelining.enable(single, bubble=True)
+    with pytest.raises(ValueError, match="waits on a receive where it posts it"):
+        pipelining.on_receive_wait(single, before=lambda *a: None)
+    pipelining.enable(single).disable()  # sessions alone work with any schedule
+
+
+def no_children_left():
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_recomputation():
+    cfg = RunConfig(model=TINY, schedule="zbv", steps=1, warmup=3, timeout_s=60)
+    summary = run(cfg, world=2)
+    assert no_children_left()
+    for mode, m in summary["modes"].items():
+        assert m["gradients"]["exact"], (mode, m["gradients"])
+        assert not m["gradients"]["missing"]
+        per_block = {int(b): n for r in m["ranks"] for b, n in r["recomputations_per_block_per_micro_batch"].items()}
+        assert sorted(per_block) == list(range(TINY.blocks))
+        if mode == "none":
+            assert set(per_block.values()) == {0}
+        elif mode == "torch":
+            # block 0 is stage 0's: one full backward; the others run B and W
+            assert per_block[0] == 1
+            assert all(per_block[b] >= 2 for b in range(1, TINY.blocks))
+        else:
+            assert set(per_block.values()) == {1}, (mode, per_block)
+            assert all(r["pipelining"]["sessions"] == 2 * TINY.micro_batches for r in m["ranks"])
+        for r in m["ranks"]:  # the program's timeline and the sessions' counts agree
+            prefired = r["pipelining"]["bubble_prefires"] if r["pipelining"] else 0
+            assert (r["recompute_bubble_s"] > 0) == (prefired > 0), (mode, r)
+        for r in m["ranks"]:
+            assert r["wait_s"] is not None and r["step_s"] > 0
+    assert summary["modes"]["budget"]["ranks"][0]["budget_bytes"] is not None
+    assert set(summary["timelines"]) == set(summary["modes"])
+
+
+def test_a_rank_past_its_deadline_ends_the_run_and_leaves_no_process():
+    cfg = RunConfig(model=TINY, schedule="zbv", steps=1, warmup=0, timeout_s=0.5)
+    with pytest.raises(TimeoutError, match="ran past"):
+        run(cfg, world=2, modes=["none"])
+    assert no_children_left()
+
+
+def test_program_rejects_what_it_cannot_run():
+    with pytest.raises(ValueError, match="unknown schedule"):
+        run(RunConfig(model=TINY, schedule="gpipe"))
+    with pytest.raises(ValueError, match="unknown modes"):
+        run(RunConfig(model=TINY), modes=["lazy"])
+    with pytest.raises(ValueError, match="no bubble to prefire in"):
+        run(RunConfig(model=TINY, schedule="1f1b"), modes=["bubble"])
+    with pytest.raises(ValueError, match="do not split evenly"):
+        run(RunConfig(model=ModelConfig(blocks=3)))
+
+
+class FakeWork:
+    def __init__(self, completed=False):
+        self.completed = completed
+
+    def is_completed(self):
+        return self.completed
+
+
+class FakeSchedule:
+    """pipeline_order_with_comms of one rank: B of (stage 1, mb 0), then of (1, 1)."""
+
+    rank = 0
+
+    def __init__(self):
+        from torch.distributed.pipelining.schedules import _Action, BACKWARD_INPUT, FORWARD
+
+        order = [_Action(1, FORWARD, 0), _Action(1, BACKWARD_INPUT, 0), _Action(1, BACKWARD_INPUT, 1)]
+        self.pipeline_order_with_comms = {0: order}
+
+
+def test_bubble_filler_measures_waits_then_fills_them_within_slack_and_budget():
+    from prefire._bubbles import BubbleFiller
+    from prefire.pipelining import PipelineStats, _MicroBatch
+
+    clock = [0.0]
+    prefired = []
+
+    def prefire_fn(handle, session):  # each recomputation takes 10 ms of the fake clock
+        clock[0] += 0.010
+        prefired.append((session, handle))
+        return (prefire.PrefireStatus.REFUSED_OVER_BUDGET if handle == "refuse"
+                else prefire.PrefireStatus.RECOMPUTED)
+
+    mbs = {(1, 0): _MicroBatch(10, ["a0", "b0", "c0"]), (1, 1): _MicroBatch(11, ["refuse", "b1"])}
+    stats = PipelineStats()
+    filler = BubbleFiller(FakeSchedule(), lambda s, m: mbs.get((s, m)), stats, prefire_fn, lambda: clock[0])
+
+    def wait(kind, stage, mb, waited, works=()):
+        filler.before_wait(kind, stage, mb, list(works))
+        begin = clock[0]
+        clock[0] += waited
+        filler.after_wait(kind, stage, mb, begin, clock[0])
+
+    for waited in (0.030, 0.025):  # two steps measure; nothing is prefired
+        filler.new_step()
+        wait("backward", 1, 0, waited)
+    assert prefired == [] and filler.slack[("backward", 1, 0)] == 0.025
+
+    filler.new_step()
+    wait("backward", 1, 0, 0.0)  # fills 25 ms: two of mb 0's checkpoints, last first
+    assert prefired == [(10, "c0"), (10, "b0")]
+    assert stats.bubble_prefires == 2 and mbs[(1, 0)].prefired == 2
+    # the wait ended at once after prefires: its slack shrinks by one checkpoint
+    assert abs(filler.slack[("backward", 1, 0)] - 0.015) < 1e-9
+
+    # a B that started is skipped; a refused prefire leaves its micro-batch to B
+    filler.backward_started(1, 0)
+    filler.slack[("forward", 1, 1)] = 1.0
+    wait("forward", 1, 1, 0.001)
+    assert prefired[2:] == [(11, "b1"), (11, "refuse")] and stats.bubble_refused == 1
+    assert mbs[(1, 1)].prefired == 2
+
+    # a receive that reports completion stops the prefires
+    filler.new_step()
+    mbs[(1, 0)].prefired = 0
+    wait("backward", 1, 0, 0.0, works=[FakeWork(completed=True)])
+    assert len(prefired) == 4
