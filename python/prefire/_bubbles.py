@@ -11,9 +11,10 @@ complete, the time spent here plus one checkpoint's recomputation (a running
 mean) fits the point's slack, and the micro-batch's session budget admits
 the prefire (a refused one moves on to the next micro-batch).
 
-The slack is measured, not guessed: during the first two steps after
-``enable`` nothing is prefired and each point's slack becomes the shortest
-wait seen there, the natural bubble. It is not re-learned from later waits:
+The slack is measured, not guessed: during the first three steps after
+``enable`` nothing is prefired, and each point's slack becomes the shortest
+wait seen there in the second and third (the first also infers shapes and
+warms up), the natural bubble. It is not re-learned from later waits:
 those depend on the prefires of both neighbours, and a rank whose prefires
 ran long makes its neighbour wait longer, which would teach the neighbour a
 longer slack in turn. A wait that ended at once (under 0.1 ms) after prefires
@@ -33,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from . import _C
 
 _ENDED_AT_ONCE_S = 1e-4
-_LEARNING_STEPS = 2
+_LEARNING_STEPS = 3  # the first only warms up (a schedule's first step also infers shapes)
 
 WaitPoint = Tuple[str, int, int]
 
@@ -125,6 +126,8 @@ class BubbleFiller:
         point = (kind, stage_index, micro_batch)
         spent = self.spent.pop(point, 0.0)
         waited = end - begin
+        if self.steps <= 1:
+            return
         if self.steps <= _LEARNING_STEPS:
             self.slack[point] = min(self.slack.get(point, waited), waited)
         elif spent > 0 and waited < _ENDED_AT_ONCE_S and point in self.slack:

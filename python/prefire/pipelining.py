@@ -345,7 +345,7 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
     Args:
         bubble: recompute the checkpoints of the micro-batches whose
             backward comes next while the rank waits on a receive (schedules
-            built on ``_PipelineScheduleRuntime`` only; the first two steps
+            built on ``_PipelineScheduleRuntime`` only; the first three steps
             measure the waits).
         budget_bytes: at most this many bytes of bubble prefires per
             micro-batch session (forward bytes of what they recompute); a

@@ -120,8 +120,9 @@ def no_children_left():
 
 
 def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_recomputation():
-    cfg = RunConfig(model=TINY, schedule="zbv", steps=1, warmup=3, timeout_s=60)
+    cfg = RunConfig(model=TINY, schedule="zbv", steps=1, warmup=4, timeout_s=60)
     summary = run(cfg, world=2)
+    assert list(summary["modes"]) == list(cfg.modes)
     assert no_children_left()
     for mode, m in summary["modes"].items():
         assert m["gradients"]["exact"], (mode, m["gradients"])
@@ -147,19 +148,23 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
 
 
 def test_a_rank_past_its_deadline_ends_the_run_and_leaves_no_process():
-    cfg = RunConfig(model=TINY, schedule="zbv", steps=1, warmup=0, timeout_s=0.5)
+    cfg = RunConfig(model=TINY, schedule="zbv", modes=("none",), steps=1, warmup=0, timeout_s=0.5)
     with pytest.raises(TimeoutError, match="ran past"):
-        run(cfg, world=2, modes=["none"])
+        run(cfg, world=2)
     assert no_children_left()
 
 
 def test_program_rejects_what_it_cannot_run():
     with pytest.raises(ValueError, match="unknown schedule"):
         run(RunConfig(model=TINY, schedule="gpipe"))
-    with pytest.raises(ValueError, match="unknown modes"):
-        run(RunConfig(model=TINY), modes=["lazy"])
+    with pytest.raises(ValueError, match="unknown or repeated modes"):
+        run(RunConfig(model=TINY, modes=("lazy",)))
+    with pytest.raises(ValueError, match="unknown or repeated modes"):
+        run(RunConfig(model=TINY, modes=("none", "none")))
     with pytest.raises(ValueError, match="no bubble to prefire in"):
-        run(RunConfig(model=TINY, schedule="1f1b"), modes=["bubble"])
+        run(RunConfig(model=TINY, schedule="1f1b", modes=("bubble",)))
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        run(RunConfig(model=TINY), rounds=0)
     with pytest.raises(ValueError, match="do not split evenly"):
         run(RunConfig(model=ModelConfig(blocks=3)))
 
@@ -207,7 +212,7 @@ def test_bubble_filler_measures_waits_then_fills_them_within_slack_and_budget():
         clock[0] += waited
         filler.after_wait(kind, stage, mb, begin, clock[0])
 
-    for waited in (0.030, 0.025):  # two steps measure; nothing is prefired
+    for waited in (0.001, 0.030, 0.025):  # a warm-up step, two that measure; nothing is prefired
         filler.new_step()
         wait("backward", 1, 0, waited)
     assert prefired == [] and filler.slack[("backward", 1, 0)] == 0.025

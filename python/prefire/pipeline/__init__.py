@@ -1,9 +1,10 @@
 """The pipeline program, ``python -m prefire.pipeline``: a GPT cut into stages
 of ``torch.distributed.pipelining``, run by a real schedule on several
-processes (Gloo on CPU), once per mode (no checkpoints, torch's checkpoint,
+processes (Gloo on CPU) in every mode (no checkpoints, torch's checkpoint,
 prefire's sessions, sessions with prefire in the bubbles, the same under a
-byte budget), with step time, recomputations, waits, memory and gradients
-compared with a single-process run. ``run`` is the program as a function."""
+byte budget), the modes' steps taking turns, with step time,
+recomputations, waits, memory and gradients compared with a single-process
+run. ``run`` is the program as a function."""
 
 from .main import run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import List
+from typing import List, Tuple
 
 from torch.distributed import pipelining as pp
 
@@ -31,9 +31,9 @@ MODES = ("none", "torch", "session", "bubble", "budget")
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     schedule: str = "zbv"
-    mode: str = "session"
+    modes: Tuple[str, ...] = MODES
     steps: int = 5
-    warmup: int = 4                # the bubble modes measure the waits in the first two steps
+    warmup: int = 5                # the bubble modes measure the waits in steps 2 and 3
     budget_fraction: float = 0.5   # budget mode: this share of the most one session held in warm-up
     timeout_s: float = 120.0
 
@@ -41,6 +41,7 @@ class RunConfig:
     def from_json(text: str) -> "RunConfig":
         raw = json.loads(text)
         raw["model"] = ModelConfig(**raw["model"])
+        raw["modes"] = tuple(raw["modes"])
         return RunConfig(**raw)
 
     def to_json(self) -> str:

@@ -41,8 +41,9 @@ def _kill(procs: List[subprocess.Popen]) -> None:
         p.wait()
 
 
-def run_ranks(cfg: RunConfig, world: int) -> Tuple[List[Dict[str, Any]], List[Dict[str, torch.Tensor]]]:
-    """Runs ``cfg`` on ``world`` ranks; returns each rank's result and gradients."""
+def run_ranks(cfg: RunConfig, world: int) -> Tuple[List[Dict[str, Any]], List[Dict[str, Dict[str, torch.Tensor]]]]:
+    """Runs ``cfg`` on ``world`` ranks; returns each rank's result and its
+    gradients by mode."""
     with tempfile.TemporaryDirectory(prefix="prefire-pipeline-") as work:
         config_path = os.path.join(work, "config.json")
         with open(config_path, "w") as f:
@@ -67,15 +68,15 @@ def run_ranks(cfg: RunConfig, world: int) -> Tuple[List[Dict[str, Any]], List[Di
                 failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
                 if failed:
                     r = failed[0]
-                    raise RuntimeError(f"prefire.pipeline: rank {r} of mode {cfg.mode!r} exited with "
+                    raise RuntimeError(f"prefire.pipeline: rank {r} exited with "
                                        f"{procs[r].returncode}; its output:\n{_tail(logs[r])}")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"prefire.pipeline: mode {cfg.mode!r} ran past {cfg.timeout_s:.0f} s; "
+                    raise TimeoutError(f"prefire.pipeline: the ranks ran past {cfg.timeout_s:.0f} s; "
                                        f"rank 0's output:\n{_tail(logs[0])}")
                 time.sleep(0.05)
             for r, p in enumerate(procs):
                 if p.returncode != 0:
-                    raise RuntimeError(f"prefire.pipeline: rank {r} of mode {cfg.mode!r} exited with "
+                    raise RuntimeError(f"prefire.pipeline: rank {r} exited with "
                                        f"{p.returncode}; its output:\n{_tail(logs[r])}")
         finally:
             _kill(procs)

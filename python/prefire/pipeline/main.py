@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -20,21 +21,40 @@ from .launch import run_ranks
 from .model import ModelConfig, check_config, reference_gradients
 from .report import compare_gradients, plot, summarize, table
 
+#: per-rank quantities a run of several rounds reports the median of
+_MEDIANS = ("step_s", "recompute_s", "recompute_bubble_s", "wait_s")
 
 
-def run(config: RunConfig, world: int = 2, modes: Sequence[str] = MODES, log=None) -> Dict[str, Any]:
-    """Runs ``modes`` of ``config`` on ``world`` ranks, one set of processes
-    per mode (so that each mode's peak RSS is its own), and returns the
-    summary (see :func:`prefire.pipeline.report.summarize`)."""
+def _merge_rounds(rounds: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """Each rank's result from the last round, with the medians over all
+    rounds of the times and the largest memory peaks."""
+    merged = []
+    for rank, last in enumerate(rounds[-1]):
+        r = dict(last)
+        for key in _MEDIANS:
+            values = [rnd[rank][key] for rnd in rounds]
+            r[key] = None if None in values else statistics.median(values)
+        for key in ("peak_held_bytes", "rss_growth_bytes", "peak_rss_bytes"):
+            r[key] = max(rnd[rank][key] for rnd in rounds)
+        merged.append(r)
+    return merged
+
+
+def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[str, Any]:
+    """Runs the modes of ``config`` on ``world`` ranks, ``rounds`` times (a
+    new set of processes each time), and returns the summary (see
+    :func:`prefire.pipeline.report.summarize`). Within a round the modes'
+    steps take turns, so that every mode runs under the same conditions."""
     if config.schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {config.schedule!r}; one of {', '.join(SCHEDULES)}")
+    modes = config.modes
     unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        raise ValueError(f"unknown modes {unknown}; choose from {', '.join(MODES)}")
+    if unknown or not modes or len(set(modes)) != len(modes):
+        raise ValueError(f"unknown or repeated modes {list(modes)}; choose from {', '.join(MODES)}")
     if world < 2:
         raise ValueError(f"a pipeline needs at least 2 ranks, got {world}")
-    if config.steps < 1 or config.warmup < 0:
-        raise ValueError("steps must be at least 1 and warmup at least 0")
+    if config.steps < 1 or config.warmup < 0 or rounds < 1:
+        raise ValueError("steps and rounds must be at least 1, warmup at least 0")
     if config.schedule == "1f1b" and {"bubble", "budget"} & set(modes):
         raise ValueError("Schedule1F1B waits on a receive where it posts it: no bubble to prefire in; "
                          "run modes none, torch, session with it")
@@ -42,17 +62,21 @@ def run(config: RunConfig, world: int = 2, modes: Sequence[str] = MODES, log=Non
     check_config(config.model, per_rank * world)
     torch.set_num_threads(1)
     expected = reference_gradients(config.model)
-    runs, grads = {}, {}
-    for mode in modes:
+    results: Dict[str, List[List[Dict[str, Any]]]] = {mode: [] for mode in modes}
+    grads: Dict[str, Dict[str, Any]] = {}
+    for round_index in range(rounds):
         if log:
-            log(f"prefire.pipeline: mode {mode} on {world} ranks ...")
-        results, rank_grads = run_ranks(replace(config, mode=mode), world)
-        merged = {name: g for rank in rank_grads for name, g in rank.items()}
-        runs[mode], grads[mode] = results, compare_gradients(merged, expected)
+            log(f"prefire.pipeline: modes {', '.join(modes)} on {world} ranks, round {round_index + 1} of {rounds}")
+        ranks, rank_grads = run_ranks(config, world)
+        for mode in modes:
+            results[mode].append([dict(r["modes"][mode], peak_rss_bytes=r["peak_rss_bytes"]) for r in ranks])
+            compared = compare_gradients({n: g for rank in rank_grads for n, g in rank[mode].items()}, expected)
+            if mode not in grads or grads[mode]["exact"]:  # keeps the first round that differs, if any
+                grads[mode] = compared
+    runs = {mode: _merge_rounds(r) for mode, r in results.items()}
     described = asdict(config)
-    del described["mode"]
-    described.update(world=world, torch=torch.__version__, machine=platform.processor() or platform.machine(),
-                     threads_per_rank=1, backend="gloo")
+    described.update(world=world, rounds=rounds, torch=torch.__version__,
+                     machine=platform.processor() or platform.machine(), threads_per_rank=1, backend="gloo")
     return summarize(described, runs, grads)
 
 
@@ -64,8 +88,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated, from " + ", ".join(MODES))
     p.add_argument("--steps", type=int, default=5, help="measured steps per mode (medians reported)")
-    p.add_argument("--warmup", type=int, default=4,
-                   help="steps before measuring (bubble prefire measures the waits in the first two)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs (new processes each); times are medians over rounds")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="steps before measuring (bubble prefire measures the waits in steps 2 and 3)")
     p.add_argument("--blocks", type=int, default=d.blocks)
     p.add_argument("--dim", type=int, default=d.dim)
     p.add_argument("--heads", type=int, default=d.heads)
@@ -75,7 +101,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--micro-batches", type=int, default=d.micro_batches)
     p.add_argument("--budget-fraction", type=float, default=0.5,
                    help="budget mode: per-session budget as this share of the most one session held in warm-up")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per mode before its ranks are killed")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per round before its ranks are killed")
     p.add_argument("--json", metavar="PATH", help="write the summary as JSON ('-': standard output)")
     p.add_argument("--plot", metavar="PATH", help="write the timeline plot (PNG, SVG or PDF by the name)")
     a = p.parse_args(argv)
@@ -83,11 +109,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error("--budget-fraction must be within [0, 1]")
     model = ModelConfig(vocab=a.vocab, dim=a.dim, heads=a.heads, blocks=a.blocks, seq=a.seq, batch=a.batch,
                         micro_batches=a.micro_batches)
-    config = RunConfig(model=model, schedule=a.schedule, steps=a.steps, warmup=a.warmup,
+    config = RunConfig(model=model, schedule=a.schedule, modes=tuple(m for m in a.modes.split(",") if m),
+                       steps=a.steps, warmup=a.warmup,
                        budget_fraction=a.budget_fraction, timeout_s=a.timeout)
     try:
-        summary = run(config, a.world, [m for m in a.modes.split(",") if m],
-                      log=lambda s: print(s, file=sys.stderr, flush=True))
+        summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as e:
         p.error(str(e))
     print(table(summary))

@@ -73,7 +73,7 @@ def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 1) -> str:
 
 def table(summary: Dict[str, Any]) -> str:
     head = ("mode", "rank", "stages", "step ms", "recomp/block/mb", "recomp ms", "in bubble ms", "wait ms",
-            "held MiB", "RSS MiB", "grads")
+            "held MiB", "RSS+ MiB", "grads")
     rows = [head]
     for mode, m in summary["modes"].items():
         grads = "exact" if m["gradients"]["exact"] else f"diff {m['gradients']['max_abs_diff']:.1e}"
@@ -83,12 +83,16 @@ def table(summary: Dict[str, Any]) -> str:
             rows.append((mode, str(r["rank"]), ",".join(map(str, r["stages"])), _fmt(r["step_s"], 1e3),
                          f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}", _fmt(r["recompute_s"], 1e3),
                          _fmt(r["recompute_bubble_s"], 1e3), _fmt(r["wait_s"], 1e3),
-                         _fmt(r["peak_held_bytes"], 1 / MiB), _fmt(r["peak_rss_bytes"], 1 / MiB, 0), grads))
+                         _fmt(r["peak_held_bytes"], 1 / MiB), _fmt(r["rss_growth_bytes"], 1 / MiB), grads))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     out = ["\n".join(lines), ""]
+    some_mode = next(iter(summary["modes"].values()))
+    out.append("held: prefire's recomputed bytes held at the step's peak; RSS+: resident set growth within a step; "
+               "process peak RSS per rank (all modes): " + ", ".join(
+                   _fmt(r["peak_rss_bytes"], 1 / MiB, 0) + " MiB" for r in some_mode["ranks"]))
     out.append("step time (slowest rank), ratio to torch's checkpoint: " + ", ".join(
         f"{k} {_fmt(v, 1, 3)}" for k, v in summary["ratios"].items()))
     h = summary["hidden_fraction"]

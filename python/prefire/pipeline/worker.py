@@ -1,6 +1,6 @@
-"""One rank of one mode of the pipeline program: builds its stages of the
-model, the schedule and (in prefire's modes) the sessions, runs the steps and
-writes what it measured. Started by :mod:`prefire.pipeline.launch`:
+"""One rank of the pipeline program: for each mode, its stages of the model,
+the schedule and (in prefire's modes) the sessions; runs the modes' steps in
+turn and writes what it measured. Started by :mod:`prefire.pipeline.launch`:
 ``python -m prefire.pipeline.worker CONFIG RANK WORLD PORT OUT``."""
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Recorder:
     def __init__(self) -> None:
         self.events: List[List[Any]] = []   # [kind, stage, micro-batch or block, begin, end]
         self.phase: Optional[str] = None    # the stage action running, if any
+        self.rss_peak = 0                   # the largest resident set seen at the end of an action
 
     def wrap_stage(self, stage) -> None:
         def timed(name, kind_of):
@@ -53,6 +54,7 @@ class Recorder:
                 finally:
                     self.phase = None
                     self.events.append([kind, stage.stage_index, chunk_id, begin, time.monotonic()])
+                    self.rss_peak = max(self.rss_peak, _rss_bytes())
 
             setattr(stage, name, run)
 
@@ -74,102 +76,124 @@ class Recorder:
         self.events.append(["recompute" if self.phase else "recompute-bubble", -1, index, begin, end])
 
 
-def run(cfg: RunConfig, rank: int, world: int, port: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=cfg.timeout_s))
-    try:
-        return measure(cfg, rank, world)
-    finally:
-        dist.destroy_process_group()
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def measure(cfg: RunConfig, rank: int, world: int) -> Dict[str, Any]:
-    schedule_cls, per_rank, _ = SCHEDULES[cfg.schedule]
-    n_stages = per_rank * world
-    model = GPT(cfg.model)
-    indices = stage_indices(cfg.schedule, rank, world)
-    modules = [Stage(model, i, n_stages, block_runner(cfg.mode)) for i in indices]
-    stages = [pp.PipelineStage(m, i, n_stages, torch.device("cpu")) for m, i in zip(modules, indices)]
-    schedule = schedule_cls(stages if per_rank > 1 else stages[0], cfg.model.micro_batches, loss_fn=loss_fn)
+class ModeRun:
+    """One mode on this rank: its own copy of the model, stages, schedule
+    (and prefire's sessions), recorder, and the records of its steps."""
 
-    sessions = None
-    if cfg.mode in ("session", "bubble", "budget"):
-        sessions = pipelining.enable(schedule, bubble=cfg.mode != "session")
-    recorder = Recorder()
-    for stage in stages:
-        recorder.wrap_stage(stage)
-    waits_seen = True
-    try:
-        pipelining.on_receive_wait(schedule, after=recorder.on_wait)
-    except ValueError:
-        waits_seen = False  # Schedule1F1B: no moment between post and wait
-    my_blocks = [int(i) for m in modules for i in m.blocks]
-    for m in modules:
-        for block in m.blocks.values():
-            block.observer = recorder.on_block
+    def __init__(self, cfg: RunConfig, mode: str, rank: int, world: int) -> None:
+        schedule_cls, per_rank, _ = SCHEDULES[cfg.schedule]
+        n_stages = per_rank * world
+        self.cfg, self.mode = cfg, mode
+        self.indices = stage_indices(cfg.schedule, rank, world)
+        model = GPT(cfg.model)
+        self.modules = [Stage(model, i, n_stages, block_runner(mode)) for i in self.indices]
+        stages = [pp.PipelineStage(m, i, n_stages, torch.device("cpu")) for m, i in zip(self.modules, self.indices)]
+        self.schedule = schedule_cls(stages if per_rank > 1 else stages[0], cfg.model.micro_batches,
+                                     loss_fn=loss_fn)
+        self.sessions = None
+        if mode in ("session", "bubble", "budget"):
+            self.sessions = pipelining.enable(self.schedule, bubble=mode != "session")
+        self.recorder = Recorder()
+        for stage in stages:
+            self.recorder.wrap_stage(stage)
+        self.waits_seen = True
+        try:
+            pipelining.on_receive_wait(self.schedule, after=self.recorder.on_wait)
+        except ValueError:
+            self.waits_seen = False  # Schedule1F1B: no moment between post and wait
+        self.blocks = [int(i) for m in self.modules for i in m.blocks]
+        for m in self.modules:
+            for block in m.blocks.values():
+                block.observer = self.recorder.on_block
+        tokens, targets = data(cfg.model)
+        self.args = (tokens,) if 0 in self.indices else ()
+        self.kwargs = {"target": targets} if n_stages - 1 in self.indices else {}
+        self.steps: List[Dict[str, Any]] = []
+        self.grads: Dict[str, torch.Tensor] = {}
 
-    tokens, targets = data(cfg.model)
-    first, last = 0 in indices, n_stages - 1 in indices
-    args = (tokens,) if first else ()
-    kwargs = {"target": targets} if last else {}
-
-    steps: List[Dict[str, Any]] = []
-    grads: Dict[str, torch.Tensor] = {}
-    for step in range(cfg.warmup + cfg.steps):
-        if sessions is not None and cfg.mode == "budget" and step == cfg.warmup:
-            held = sessions.stats().max_session_bytes
-            sessions.set_budget_bytes(int(held * cfg.budget_fraction))
-        for m in modules:
+    def step(self) -> None:
+        cfg, sessions, recorder = self.cfg, self.sessions, self.recorder
+        if sessions is not None and self.mode == "budget" and len(self.steps) == cfg.warmup:
+            sessions.set_budget_bytes(int(sessions.stats().max_session_bytes * cfg.budget_fraction))
+        for m in self.modules:
             m.zero_grad(set_to_none=True)
         recorder.events.clear()
         if sessions is not None:
             sessions.reset_stats()
         prefire.reset_runtime_peak()
         before = prefire.runtime_stats().recomputations
+        recorder.rss_peak = rss_before = _rss_bytes()
         dist.barrier()
         begin = time.monotonic()
-        schedule.step(*args, **kwargs)
+        self.schedule.step(*self.args, **self.kwargs)
         end = time.monotonic()
         recomputes = [e for e in recorder.events if e[0].startswith("recompute")]
-        per_block = {b: sum(1 for e in recomputes if e[2] == b) / cfg.model.micro_batches for b in my_blocks}
         record = {
             "step_s": end - begin,
             "begin": begin,
             "recomputations": len(recomputes),
-            "recomputations_per_block_per_micro_batch": per_block,
+            "recomputations_per_block_per_micro_batch": {
+                b: sum(1 for e in recomputes if e[2] == b) / cfg.model.micro_batches for b in self.blocks},
             "prefire_recomputations": prefire.runtime_stats().recomputations - before,
             "recompute_s": sum(e[4] - e[3] for e in recomputes),
             "recompute_bubble_s": sum(e[4] - e[3] for e in recomputes if e[0] == "recompute-bubble"),
-            "wait_s": sum(e[4] - e[3] for e in recorder.events if e[0] == "wait") if waits_seen else None,
+            "wait_s": sum(e[4] - e[3] for e in recorder.events if e[0] == "wait") if self.waits_seen else None,
             "peak_held_bytes": prefire.runtime_stats().peak_held_bytes,
+            "rss_growth_bytes": recorder.rss_peak - rss_before,
             "events": [list(e) for e in recorder.events],
         }
         if sessions is not None:
             record["pipelining"] = asdict(sessions.stats())
-        steps.append(record)
-        grads = {name: p.grad.clone() for m in modules for name, p in m.named_parameters() if p.grad is not None}
-    measured = steps[cfg.warmup:]
-    last_step = measured[-1]
-    return {
-        "rank": rank,
-        "stages": indices,
-        "blocks": my_blocks,
-        "step_s": statistics.median(s["step_s"] for s in measured),
-        "recompute_s": statistics.median(s["recompute_s"] for s in measured),
-        "recompute_bubble_s": statistics.median(s["recompute_bubble_s"] for s in measured),
-        "wait_s": statistics.median(s["wait_s"] for s in measured) if waits_seen else None,
-        "recomputations": last_step["recomputations"],
-        "recomputations_per_block_per_micro_batch": last_step["recomputations_per_block_per_micro_batch"],
-        "prefire_recomputations": last_step["prefire_recomputations"],
-        "peak_held_bytes": max(s["peak_held_bytes"] for s in measured),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "budget_bytes": sessions.budget_bytes if sessions is not None else None,
-        "pipelining": last_step.get("pipelining"),
-        "timeline": {"begin": last_step["begin"], "events": last_step["events"]},
-        "_grads": grads,
-    }
+        self.steps.append(record)
+        self.grads = {n: p.grad.clone() for m in self.modules for n, p in m.named_parameters() if p.grad is not None}
+
+    def result(self, rank: int) -> Dict[str, Any]:
+        measured = self.steps[self.cfg.warmup:]
+        last = measured[-1]
+
+        def median(key):
+            return statistics.median(s[key] for s in measured) if last[key] is not None else None
+
+        return {
+            "rank": rank,
+            "stages": self.indices,
+            "blocks": self.blocks,
+            **{key: median(key) for key in ("step_s", "recompute_s", "recompute_bubble_s", "wait_s")},
+            "recomputations": last["recomputations"],
+            "recomputations_per_block_per_micro_batch": last["recomputations_per_block_per_micro_batch"],
+            "prefire_recomputations": last["prefire_recomputations"],
+            "peak_held_bytes": max(s["peak_held_bytes"] for s in measured),
+            "rss_growth_bytes": max(s["rss_growth_bytes"] for s in measured),
+            "budget_bytes": self.sessions.budget_bytes if self.sessions is not None else None,
+            "pipelining": last.get("pipelining"),
+            "timeline": {"begin": last["begin"], "events": last["events"]},
+        }
+
+
+def run(cfg: RunConfig, rank: int, world: int, port: int) -> Dict[str, Any]:
+    """Every mode of ``cfg`` on this rank, their steps interleaved (one step
+    of each mode in turn), so that they run under the same conditions."""
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg.timeout_s))
+    try:
+        runs = [ModeRun(cfg, mode, rank, world) for mode in cfg.modes]
+        for _ in range(cfg.warmup + cfg.steps):
+            for r in runs:
+                r.step()
+        return {
+            "modes": {r.mode: r.result(rank) for r in runs},
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "_grads": {r.mode: r.grads for r in runs},
+        }
+    finally:
+        dist.destroy_process_group()
 
 
 def main(argv: List[str]) -> int:
