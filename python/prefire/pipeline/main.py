@@ -12,7 +12,7 @@ import platform
 import statistics
 import sys
 from dataclasses import asdict
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import torch
 

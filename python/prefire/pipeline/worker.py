@@ -25,6 +25,7 @@ from prefire import pipelining
 from .config import SCHEDULES, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
 
+
 def block_runner(mode: str):
     if mode == "none":
         return lambda block, x: block(x)
