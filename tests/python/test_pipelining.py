@@ -165,6 +165,8 @@ def test_program_rejects_what_it_cannot_run():
         run(RunConfig(model=TINY, schedule="1f1b", modes=("bubble",)))
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         run(RunConfig(model=TINY), rounds=0)
+    with pytest.raises(ValueError, match="budget_fraction must be within"):
+        run(RunConfig(model=TINY, budget_fraction=1.5))
     with pytest.raises(ValueError, match="do not split evenly"):
         run(RunConfig(model=ModelConfig(blocks=3)))
 

@@ -1,5 +1,5 @@
 """The pipeline program: a GPT in stages of torch.distributed.pipelining on
-several processes (Gloo), run once per mode; prints per rank the step time,
+several processes (Gloo), in every mode; prints per rank the step time,
 recomputations, waits and memory, the gradients compared with a
 single-process run, and the ratios between modes. --json and --plot write
 the summary and a per-rank timeline."""
@@ -55,13 +55,19 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
         raise ValueError(f"a pipeline needs at least 2 ranks, got {world}")
     if config.steps < 1 or config.warmup < 0 or rounds < 1:
         raise ValueError("steps and rounds must be at least 1, warmup at least 0")
+    if not 0 <= config.budget_fraction <= 1:
+        raise ValueError(f"budget_fraction must be within [0, 1], got {config.budget_fraction}")
     if config.schedule == "1f1b" and {"bubble", "budget"} & set(modes):
         raise ValueError("Schedule1F1B waits on a receive where it posts it: no bubble to prefire in; "
                          "run modes none, torch, session with it")
     _, per_rank, _ = SCHEDULES[config.schedule]
     check_config(config.model, per_rank * world)
-    torch.set_num_threads(1)
-    expected = reference_gradients(config.model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as every rank: the bits depend on it
+    try:
+        expected = reference_gradients(config.model)
+    finally:
+        torch.set_num_threads(threads)
     results: Dict[str, List[List[Dict[str, Any]]]] = {mode: [] for mode in modes}
     grads: Dict[str, Dict[str, Any]] = {}
     for round_index in range(rounds):
@@ -105,8 +111,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--json", metavar="PATH", help="write the summary as JSON ('-': standard output)")
     p.add_argument("--plot", metavar="PATH", help="write the timeline plot (PNG, SVG or PDF by the name)")
     a = p.parse_args(argv)
-    if not 0 <= a.budget_fraction <= 1:
-        p.error("--budget-fraction must be within [0, 1]")
     model = ModelConfig(vocab=a.vocab, dim=a.dim, heads=a.heads, blocks=a.blocks, seq=a.seq, batch=a.batch,
                         micro_batches=a.micro_batches)
     config = RunConfig(model=model, schedule=a.schedule, modes=tuple(m for m in a.modes.split(",") if m),
