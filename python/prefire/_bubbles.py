@@ -65,14 +65,10 @@ class BubbleFiller:
         if self._order is None:
             from torch.distributed.pipelining.schedules import BACKWARD_INPUT, FULL_BACKWARD
 
-            order = []
-            for action in self.schedule.pipeline_order_with_comms[self.schedule.rank]:
-                for a in (action.sub_actions or ()) if action is not None else ():
-                    if a.computation_type in (BACKWARD_INPUT, FULL_BACKWARD):
-                        order.append((a.stage_index, a.microbatch_index))
-                if action is not None and action.computation_type in (BACKWARD_INPUT, FULL_BACKWARD):
-                    order.append((action.stage_index, action.microbatch_index))
-            self._order = order
+            actions = [a for action in self.schedule.pipeline_order_with_comms[self.schedule.rank]
+                       if action is not None for a in (action.sub_actions or (action,))]  # OVERLAP_F_B: its parts
+            self._order = [(a.stage_index, a.microbatch_index) for a in actions
+                           if a.computation_type in (BACKWARD_INPUT, FULL_BACKWARD)]
         return self._order
 
     def new_step(self) -> None:
@@ -86,7 +82,6 @@ class BubbleFiller:
         point = (kind, stage_index, micro_batch)
         slack = self.slack.get(point)
         begin = self.clock()
-        self.spent[point] = 0.0
         if self.steps <= _LEARNING_STEPS or slack is None:
             return
         ran = 0

@@ -146,6 +146,12 @@ def on_receive_wait(schedule, before: Optional[BeforeWait] = None,
     return remove
 
 
+def is_full_backward(args: tuple, kwargs: dict) -> bool:
+    """``backward_one_chunk(bwd_chunk_id, loss=None, full_backward=True, ...)``'s
+    ``full_backward``, from the arguments after ``bwd_chunk_id``."""
+    return kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+
+
 @dataclass
 class PipelineStats:
     """What :func:`enable`'s sessions did since it was called (or since
@@ -191,7 +197,7 @@ class _StageSessions:
             return out
 
         def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
-            full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+            full = is_full_backward(args, kwargs)
             if owner.bubbles is not None:
                 owner.bubbles.backward_started(stage.stage_index, bwd_chunk_id)
             # B keeps what it recomputed for W; a full backward is the last pass.
@@ -292,7 +298,6 @@ class Pipelining:
         stages = _stages_of(schedule)
         if bubble:  # checks the schedule before anything is wrapped
             _receive_tables(schedule)
-        self.schedule = schedule
         self.first_stage = stages[0]
         self.budget_bytes = budget_bytes
         self._stats = PipelineStats()

@@ -64,20 +64,18 @@ def run_ranks(cfg: RunConfig, world: int) -> Tuple[List[Dict[str, Any]], List[Di
                          str(store.port), outs[r]],
                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
             deadline = time.monotonic() + cfg.timeout_s
-            while any(p.poll() is None for p in procs):
+            while True:
                 failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
                 if failed:
                     r = failed[0]
                     raise RuntimeError(f"prefire.pipeline: rank {r} exited with "
                                        f"{procs[r].returncode}; its output:\n{_tail(logs[r])}")
+                if all(p.poll() == 0 for p in procs):
+                    break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"prefire.pipeline: the ranks ran past {cfg.timeout_s:.0f} s; "
                                        f"rank 0's output:\n{_tail(logs[0])}")
                 time.sleep(0.05)
-            for r, p in enumerate(procs):
-                if p.returncode != 0:
-                    raise RuntimeError(f"prefire.pipeline: rank {r} exited with "
-                                       f"{p.returncode}; its output:\n{_tail(logs[r])}")
         finally:
             _kill(procs)
             del store

@@ -59,12 +59,8 @@ class Recorder:
 
             setattr(stage, name, run)
 
-        def backward_kind(args, kwargs):
-            full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
-            return "BW" if full else "B"
-
         timed("forward_one_chunk", lambda a, k: "F")
-        timed("backward_one_chunk", backward_kind)
+        timed("backward_one_chunk", lambda a, k: "BW" if pipelining.is_full_backward(a, k) else "B")
         timed("backward_weight_one_chunk", lambda a, k: "W")
 
     def on_wait(self, kind: str, stage_index: int, micro_batch: int, begin: float, end: float) -> None:
