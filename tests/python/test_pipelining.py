@@ -143,8 +143,33 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
             assert (r["recompute_bubble_s"] > 0) == (prefired > 0), (mode, r)
         for r in m["ranks"]:
             assert r["wait_s"] is not None and r["step_s"] > 0
+            assert 0 <= r["hideable_s"] <= min(r["wait_s"], r["recompute_s"]) + 1e-9
     assert summary["modes"]["budget"]["ranks"][0]["budget_bytes"] is not None
+    bound = summary["hidden_fraction_bound"]
+    assert bound is None or 0 <= bound <= 1
     assert set(summary["timelines"]) == set(summary["modes"])
+
+
+def test_hideable_recomputation_fills_waits_with_forwarded_micro_batches_whose_backward_comes_first():
+    from prefire.pipeline.report import hideable_s
+
+    # two micro-batches' checkpoints, 1 s of recomputation each
+    events = [
+        ["wait", 0, 0, 0.0, 1.0],     # nothing forwarded yet
+        ["F", 0, 0, 1.0, 2.0],
+        ["wait", 1, 0, 2.0, 2.5],     # (0, 0): 0.5
+        ["F", 1, 0, 2.5, 3.0],
+        ["wait", 1, 0, 3.0, 4.0],     # (1, 0) first, its B is next: 1.0
+        ["B", 1, 0, 4.0, 5.0],
+        ["wait", 0, 0, 5.0, 5.25],    # what is left of (0, 0): 0.25
+        ["BW", 0, 0, 5.25, 6.0],
+        ["wait", 0, 1, 6.0, 7.0],     # every backward has begun
+        ["W", 1, 0, 7.0, 8.0],
+    ]
+    assert hideable_s(events, 2.0) == 1.75
+    assert hideable_s(events, 0.5) == 0.5      # no more than there is to recompute
+    assert hideable_s(events, 0.0) == 0.0
+    assert hideable_s([e for e in events if e[0] != "wait"], 2.0) == 0.0
 
 
 def test_a_rank_past_its_deadline_ends_the_run_and_leaves_no_process():

@@ -19,10 +19,7 @@ import torch
 from .config import MODES, SCHEDULES, RunConfig
 from .launch import run_ranks
 from .model import ModelConfig, check_config, reference_gradients
-from .report import compare_gradients, plot, summarize, table
-
-#: per-rank quantities a run of several rounds reports the median of
-_MEDIANS = ("step_s", "recompute_s", "recompute_bubble_s", "wait_s")
+from .report import TIMES, compare_gradients, plot, summarize, table
 
 
 def _merge_rounds(rounds: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
@@ -31,7 +28,7 @@ def _merge_rounds(rounds: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
     merged = []
     for rank, last in enumerate(rounds[-1]):
         r = dict(last)
-        for key in _MEDIANS:
+        for key in TIMES:
             values = [rnd[rank][key] for rnd in rounds]
             r[key] = None if None in values else statistics.median(values)
         for key in ("peak_held_bytes", "rss_growth_bytes", "peak_rss_bytes"):

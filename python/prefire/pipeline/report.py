@@ -9,6 +9,10 @@ import torch
 
 MiB = 1 << 20
 
+#: per-rank times of a step: a rank reports their medians over its measured
+#: steps, a run of several rounds the medians over rounds
+TIMES = ("step_s", "recompute_s", "recompute_bubble_s", "wait_s", "hideable_s")
+
 # Timeline colours by event kind (the plot's legend).
 _COLOURS = {
     "F": ("#4C72B0", "forward"),
@@ -19,6 +23,40 @@ _COLOURS = {
     "recompute": ("#C44E52", "recomputation in backward"),
     "recompute-bubble": ("#E6AB02", "recomputation in a bubble"),
 }
+
+
+def hideable_s(events: List[List[Any]], recompute_s: float) -> float:
+    """The most recomputation time one step's receive waits could have held on
+    a rank: a wait can hold the recomputation of a micro-batch (a stage's
+    share of ``recompute_s``, once) that had run forward and had not begun
+    backward when the wait began. ``events``: the step's ``[kind, stage,
+    index, begin, end]``. Waits are filled in time order, each with the
+    micro-batches whose backward comes first (optimal for work that may be
+    split, Glover's rule for intervals)."""
+    forward_end: Dict[Any, float] = {}
+    backward_begin: Dict[Any, float] = {}
+    for kind, stage, mb, begin, end in events:
+        if kind == "F":
+            forward_end[(stage, mb)] = end
+        elif kind in ("B", "BW"):
+            backward_begin.setdefault((stage, mb), begin)
+    units = [u for u in forward_end if u in backward_begin]
+    if not units or recompute_s <= 0:
+        return 0.0
+    left = {u: recompute_s / len(units) for u in units}
+    total = 0.0
+    for _, _, _, begin, end in sorted((e for e in events if e[0] == "wait"), key=lambda e: e[3]):
+        room = end - begin
+        pending = sorted((u for u in units if forward_end[u] <= begin < backward_begin[u] and left[u] > 0),
+                         key=backward_begin.get)
+        for u in pending:
+            if room <= 0:
+                break
+            moved = min(room, left[u])
+            left[u] -= moved
+            room -= moved
+            total += moved
+    return total
 
 
 def compare_gradients(got: Dict[str, torch.Tensor], expected: Dict[str, torch.Tensor]) -> Dict[str, Any]:
@@ -33,9 +71,10 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
               grads: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """``runs``: mode -> each rank's result; ``grads``: mode -> the comparison
     over all ranks. Adds a mode's step time (the slowest rank's: a step ends
-    when every rank's has), the ratios to torch's checkpoint and the hidden
+    when every rank's has), the ratios to torch's checkpoint, the hidden
     fraction H = (session - bubble) / (session - none) of the recomputation
-    time, per rank and overall."""
+    time, per rank and overall, and the most H the waits allow (from session
+    mode's steps and hideable recomputation)."""
     modes: Dict[str, Any] = {}
     timelines: Dict[str, Any] = {}
     for mode, ranks in runs.items():
@@ -56,6 +95,18 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
             return None
         return (lazy - pre) / (lazy - none)
 
+    def hidden_bound() -> Optional[float]:
+        # In bubble mode a rank does all of session mode's work and can move
+        # into its waits at most what they could hold: its step cannot end
+        # before session's minus that.
+        if not {"session", "none"} <= set(modes) or step("session") <= step("none"):
+            return None
+        ranks = modes["session"]["ranks"]
+        if any(r["hideable_s"] is None for r in ranks):
+            return None
+        floor = max(r["step_s"] - r["hideable_s"] for r in ranks)
+        return min(1.0, max(0.0, step("session") - floor) / (step("session") - step("none")))
+
     world = len(next(iter(runs.values())))
     return {
         "config": config,
@@ -63,6 +114,7 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
         "ratios": {f"{m}/torch": ratio(step(m), step("torch")) for m in ("none", "session", "bubble", "budget")
                    if m in modes},
         "hidden_fraction": {"overall": hidden(), "per_rank": [hidden(r) for r in range(world)]},
+        "hidden_fraction_bound": hidden_bound(),
         "timelines": timelines,
     }
 
@@ -73,7 +125,7 @@ def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 1) -> str:
 
 def table(summary: Dict[str, Any]) -> str:
     head = ("mode", "rank", "stages", "step ms", "recomp/block/mb", "recomp ms", "in bubble ms", "wait ms",
-            "held MiB", "RSS+ MiB", "grads")
+            "hideable ms", "held MiB", "RSS+ MiB", "grads")
     rows = [head]
     for mode, m in summary["modes"].items():
         grads = "exact" if m["gradients"]["exact"] else f"diff {m['gradients']['max_abs_diff']:.1e}"
@@ -83,7 +135,8 @@ def table(summary: Dict[str, Any]) -> str:
             rows.append((mode, str(r["rank"]), ",".join(map(str, r["stages"])), _fmt(r["step_s"], 1e3),
                          f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}", _fmt(r["recompute_s"], 1e3),
                          _fmt(r["recompute_bubble_s"], 1e3), _fmt(r["wait_s"], 1e3),
-                         _fmt(r["peak_held_bytes"], 1 / MiB), _fmt(r["rss_growth_bytes"], 1 / MiB), grads))
+                         _fmt(r["hideable_s"], 1e3), _fmt(r["peak_held_bytes"], 1 / MiB),
+                         _fmt(r["rss_growth_bytes"], 1 / MiB), grads))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
@@ -98,6 +151,8 @@ def table(summary: Dict[str, Any]) -> str:
     h = summary["hidden_fraction"]
     out.append("hidden fraction of recomputation time H = (session - bubble) / (session - none): overall "
                + _fmt(h["overall"], 1, 2) + ", per rank " + ", ".join(_fmt(x, 1, 2) for x in h["per_rank"]))
+    out.append("hideable: recomputation the rank's waits could hold (micro-batches forwarded, backward not begun); "
+               "the most H those allow (session steps less hideable): " + _fmt(summary["hidden_fraction_bound"], 1, 2))
     return "\n".join(out)
 
 

@@ -24,6 +24,7 @@ from prefire import pipelining
 
 from .config import SCHEDULES, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
+from .report import TIMES, hideable_s
 
 
 def block_runner(mode: str):
@@ -130,6 +131,7 @@ class ModeRun:
         self.schedule.step(*self.args, **self.kwargs)
         end = time.monotonic()
         recomputes = [e for e in recorder.events if e[0].startswith("recompute")]
+        recompute_s = sum(e[4] - e[3] for e in recomputes)
         record = {
             "step_s": end - begin,
             "begin": begin,
@@ -137,9 +139,10 @@ class ModeRun:
             "recomputations_per_block_per_micro_batch": {
                 b: sum(1 for e in recomputes if e[2] == b) / cfg.model.micro_batches for b in self.blocks},
             "prefire_recomputations": prefire.runtime_stats().recomputations - before,
-            "recompute_s": sum(e[4] - e[3] for e in recomputes),
+            "recompute_s": recompute_s,
             "recompute_bubble_s": sum(e[4] - e[3] for e in recomputes if e[0] == "recompute-bubble"),
             "wait_s": sum(e[4] - e[3] for e in recorder.events if e[0] == "wait") if self.waits_seen else None,
+            "hideable_s": hideable_s(recorder.events, recompute_s) if self.waits_seen else None,
             "peak_held_bytes": prefire.runtime_stats().peak_held_bytes,
             "rss_growth_bytes": recorder.rss_peak - rss_before,
             "events": [list(e) for e in recorder.events],
@@ -160,7 +163,7 @@ class ModeRun:
             "rank": rank,
             "stages": self.indices,
             "blocks": self.blocks,
-            **{key: median(key) for key in ("step_s", "recompute_s", "recompute_bubble_s", "wait_s")},
+            **{key: median(key) for key in TIMES},
             "recomputations": last["recomputations"],
             "recomputations_per_block_per_micro_batch": last["recomputations_per_block_per_micro_batch"],
             "prefire_recomputations": last["prefire_recomputations"],
