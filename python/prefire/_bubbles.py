@@ -3,13 +3,22 @@ it waits on a receive, and for how long (used by :mod:`prefire.pipelining`).
 
 Note [Filling bubbles]
 A wait point is a (kind, stage, micro-batch) receive the schedule waits on;
-the same points recur every step, with about the same idle time. At a point
-the rank recomputes, last block first, the checkpoints of the micro-batches
-whose backward comes next on this rank (in the schedule's own order of B and
-full-backward actions), while three things hold: the receive is not reported
-complete, the time spent here plus one checkpoint's recomputation (a running
-mean) fits the point's slack, and the micro-batch's session budget admits
-the prefire (a refused one moves on to the next micro-batch).
+the same points recur every step, with about the same idle time. Two rules
+decide what a rank recomputes there, both stopping when the receive is
+reported complete or the micro-batch's session budget refuses a prefire:
+
+1. At a backward receive of (stage, micro-batch) the rank's next compute is
+   that micro-batch's backward, which would recompute its checkpoints first
+   anyway (the runtime pops the receive right before backward_one_chunk).
+   So they are all prefired there, last block first, whatever the wait: the
+   same work moved earlier, into the wait, so it can only shorten it and
+   delays nothing (nothing else runs on the rank in between).
+2. Then, at any point, the checkpoints of the micro-batches whose backward
+   comes next on this rank (in the schedule's own order of B and
+   full-backward actions), last block first, while the time spent here
+   plus one checkpoint's recomputation (a running mean) fits the point's
+   slack. This work is pulled ahead of other actions (a forward a
+   neighbour waits for), so it must stay inside the bubble.
 
 The slack is measured, not guessed: during the first three steps after
 ``enable`` nothing is prefired, and each point's slack becomes the shortest
@@ -17,13 +26,13 @@ wait seen there in the second and third (the first also infers shapes and
 warms up), the natural bubble. It is not re-learned from later waits:
 those depend on the prefires of both neighbours, and a rank whose prefires
 ran long makes its neighbour wait longer, which would teach the neighbour a
-longer slack in turn. A wait that ended at once (under 0.1 ms) after prefires
-means they may have run past the receive: the point's slack shrinks by one
-checkpoint's time, so it settles just inside the bubble. Measuring is needed
-because a Gloo receive reports completion only once waited on
-(``is_completed()`` is False before ``wait()`` however long ago the data
-came); backends that report arrival also stop the prefires early through
-``is_completed()``.
+longer slack in turn. A wait that ended at once (under 0.1 ms) after rule-2
+prefires means they may have run past the receive: the point's slack
+shrinks by one checkpoint's time, so it settles just inside the bubble.
+Measuring is needed because a Gloo receive reports completion only once
+waited on (``is_completed()`` is False before ``wait()`` however long ago
+the data came); backends that report arrival also stop the prefires early
+through ``is_completed()``.
 """
 
 from __future__ import annotations
@@ -80,42 +89,55 @@ class BubbleFiller:
 
     def before_wait(self, kind: str, stage_index: int, micro_batch: int, works: Sequence[Any]) -> None:
         point = (kind, stage_index, micro_batch)
-        slack = self.slack.get(point)
         begin = self.clock()
-        if self.steps <= _LEARNING_STEPS or slack is None:
+        if self.steps <= _LEARNING_STEPS:
             return
+        first = 0
+        if kind == "backward":  # rule 1
+            first, _ = self._fill((stage_index, micro_batch), works, fits=lambda: True)
+        slack = self.slack.get(point)
         ran = 0
-        for target in self.order():
-            if target in self.done:
-                continue
-            mb = self.pending(*target)
-            if mb is None:
-                continue
-            while mb.prefired < len(mb.handles):
-                if works and all(w.is_completed() for w in works):
-                    return self._spent(point, begin, ran)
-                if self.clock() - begin + (self.checkpoint_s or 0.0) > slack:
-                    return self._spent(point, begin, ran)
-                handle = mb.handles[len(mb.handles) - 1 - mb.prefired]
-                started = self.clock()
-                status = self.prefire(handle, mb.session)
-                if status == _C.PrefireStatus.REFUSED_OVER_BUDGET:
-                    self.stats.bubble_refused += 1
-                    mb.prefired = len(mb.handles)  # its session is full: the rest is B's
-                    break
-                mb.prefired += 1
-                if status == _C.PrefireStatus.RECOMPUTED:
-                    ran += 1
-                    took = self.clock() - started
-                    self.checkpoint_s = took if self.checkpoint_s is None else 0.8 * self.checkpoint_s + 0.2 * took
-                    self.stats.bubble_prefires += 1
-        self._spent(point, begin, ran)
+        if slack is not None:  # rule 2
+            def fits() -> bool:
+                return self.clock() - begin + (self.checkpoint_s or 0.0) <= slack
 
-    def _spent(self, point: WaitPoint, begin: float, ran: int) -> None:
-        if ran:
-            spent = self.clock() - begin
-            self.spent[point] = spent
+            for target in self.order():
+                if target in self.done:
+                    continue
+                count, stopped = self._fill(target, works, fits)
+                ran += count
+                if stopped:
+                    break
+        spent = self.clock() - begin
+        if first or ran:
             self.stats.bubble_seconds += spent
+        if ran:
+            self.spent[point] = spent
+
+    def _fill(self, target: Tuple[int, int], works: Sequence[Any], fits: Callable[[], bool]) -> Tuple[int, bool]:
+        """Prefires ``target``'s checkpoints, last block first, while the
+        receive is pending and ``fits()``; returns how many it recomputed and
+        whether it stopped for the receive or the time (not for running out
+        of checkpoints or budget)."""
+        mb = self.pending(*target)
+        ran = 0
+        while mb is not None and mb.prefired < len(mb.handles):
+            if (works and all(w.is_completed() for w in works)) or not fits():
+                return ran, True
+            handle = mb.handles[len(mb.handles) - 1 - mb.prefired]
+            started = self.clock()
+            status = self.prefire(handle, mb.session)
+            if status == _C.PrefireStatus.REFUSED_OVER_BUDGET:
+                self.stats.bubble_refused += 1
+                mb.prefired = len(mb.handles)  # its session is full: the rest is B's
+                break
+            mb.prefired += 1
+            if status == _C.PrefireStatus.RECOMPUTED:
+                ran += 1
+                took = self.clock() - started
+                self.checkpoint_s = took if self.checkpoint_s is None else 0.8 * self.checkpoint_s + 0.2 * took
+                self.stats.bubble_prefires += 1
+        return ran, False
 
     def after_wait(self, kind: str, stage_index: int, micro_batch: int, begin: float, end: float) -> None:
         point = (kind, stage_index, micro_batch)

@@ -9,10 +9,12 @@ share one recomputation where ``torch.utils.checkpoint`` recomputes in each.
 The model does not change beyond using prefire's checkpoint.
 
 With ``bubble=True``, while the schedule waits on a receive (activations or
-gradients), the rank recomputes the checkpoints of the micro-batches whose
-backward comes next on it, last block first (the order B needs them), for
-as long as the wait lasted when nothing was prefired, under a byte budget
-per session (``budget_bytes``); what is left is recomputed lazily by B.
+gradients), the rank recomputes, last block first (the order B needs them):
+at the receive of a micro-batch's gradient, that micro-batch's checkpoints,
+which its backward, next, would recompute anyway; at any receive, those of
+the micro-batches whose backward comes next on it, for as long as the wait
+lasted when nothing was prefired; all under a byte budget per session
+(``budget_bytes``). What is left is recomputed lazily by B.
 See Note [Filling bubbles] in ``_bubbles.py``.
 
 Note [Where prefire hooks into a pipeline schedule]
@@ -350,8 +352,8 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
     Args:
         bubble: recompute the checkpoints of the micro-batches whose
             backward comes next while the rank waits on a receive (schedules
-            built on ``_PipelineScheduleRuntime`` only; the first three steps
-            measure the waits).
+            built on ``_PipelineScheduleRuntime`` only; nothing in the first
+            three steps, which measure the waits).
         budget_bytes: at most this many bytes of bubble prefires per
             micro-batch session (forward bytes of what they recompute); a
             prefire that would exceed it is left to B. Needs ``bubble``.

@@ -216,7 +216,7 @@ class FakeSchedule:
         self.pipeline_order_with_comms = {0: order}
 
 
-def test_bubble_filler_measures_waits_then_fills_them_within_slack_and_budget():
+def test_bubble_filler_prefires_the_next_backward_at_its_receive_and_others_within_measured_slack():
     from prefire._bubbles import BubbleFiller
     from prefire.pipelining import PipelineStats, _MicroBatch
 
@@ -241,25 +241,34 @@ def test_bubble_filler_measures_waits_then_fills_them_within_slack_and_budget():
 
     for waited in (0.001, 0.030, 0.025):  # a warm-up step, two that measure; nothing is prefired
         filler.new_step()
+        wait("forward", 1, 0, waited)
         wait("backward", 1, 0, waited)
-    assert prefired == [] and filler.slack[("backward", 1, 0)] == 0.025
+    assert prefired == [] and abs(filler.slack[("forward", 1, 0)] - 0.025) < 1e-9
 
+    # rule 2 (the slack) at a forward receive: 25 ms hold two of mb 0's checkpoints, last first
     filler.new_step()
-    wait("backward", 1, 0, 0.0)  # fills 25 ms: two of mb 0's checkpoints, last first
+    wait("forward", 1, 0, 0.0)
     assert prefired == [(10, "c0"), (10, "b0")]
     assert stats.bubble_prefires == 2 and mbs[(1, 0)].prefired == 2
     # the wait ended at once after prefires: its slack shrinks by one checkpoint
-    assert abs(filler.slack[("backward", 1, 0)] - 0.015) < 1e-9
+    assert abs(filler.slack[("forward", 1, 0)] - 0.015) < 1e-9
+
+    # rule 1 at mb 0's backward receive: the rest of mb 0 whatever the slack;
+    # rule 2 then prefires nothing past a zero slack
+    filler.slack[("backward", 1, 0)] = 0.0
+    wait("backward", 1, 0, 0.0)
+    assert prefired[2:] == [(10, "a0")] and mbs[(1, 0)].prefired == 3
+    assert filler.slack[("backward", 1, 0)] == 0.0  # rule 1 alone never shrinks a slack
 
     # a B that started is skipped; a refused prefire leaves its micro-batch to B
     filler.backward_started(1, 0)
     filler.slack[("forward", 1, 1)] = 1.0
     wait("forward", 1, 1, 0.001)
-    assert prefired[2:] == [(11, "b1"), (11, "refuse")] and stats.bubble_refused == 1
+    assert prefired[3:] == [(11, "b1"), (11, "refuse")] and stats.bubble_refused == 1
     assert mbs[(1, 1)].prefired == 2
 
-    # a receive that reports completion stops the prefires
+    # a receive that reports completion stops the prefires of both rules
     filler.new_step()
     mbs[(1, 0)].prefired = 0
     wait("backward", 1, 0, 0.0, works=[FakeWork(completed=True)])
-    assert len(prefired) == 4
+    assert len(prefired) == 5
