@@ -55,53 +55,25 @@ void BM_Call_NoCheckpoint(benchmark::State& state) {
 }
 BENCHMARK(BM_Call_NoCheckpoint)->Unit(benchmark::kMicrosecond);
 
-// An unchecked call plus what any recomputation must redo: the forward again,
-// recording autograd (that is how its saved tensors come back), graph unused.
-void BM_Call_RecomputeFloor(benchmark::State& state) {
-  Tiny t;
-  for (auto _ : state) {
-    auto y = t.forward(t.x);
-    auto again = t.forward(t.x);
-    benchmark::DoNotOptimize(again.data_ptr());
-    auto g = torch::autograd::grad({y.sum()}, {t.x, t.w});
-    benchmark::DoNotOptimize(g.data());
-  }
-}
-BENCHMARK(BM_Call_RecomputeFloor)->Unit(benchmark::kMicrosecond);
-
-// The floor of a checkpoint built on saved-tensor hooks, as prefire and
-// torch.utils.checkpoint are: the recompute floor with every tensor the
-// forward saves going through a pack and an unpack hook (a SavedTensorMeter's,
-// which only holds the tensor).
-void BM_Call_HookedFloor(benchmark::State& state) {
+// The floors: an unchecked call plus the forward run again, recording
+// autograd (that is how a recomputation's saved tensors come back), its
+// graph unused. `hook_forward`: the first run's saves go through a pack and
+// an unpack hook (a SavedTensorMeter's, which only holds the tensor), as in
+// any checkpoint built on saved-tensor hooks, prefire's and
+// torch.utils.checkpoint's; `hook_again`: the second run's too, as a
+// recomputation's must (that is how its tensors are caught).
+void call_floor(benchmark::State& state, bool hook_forward, bool hook_again) {
   Tiny t;
   for (auto _ : state) {
     at::Tensor y;
     {
-      prefire::SavedTensorMeter hooked;
-      y = t.forward(t.x);
-    }
-    auto again = t.forward(t.x);
-    benchmark::DoNotOptimize(again.data_ptr());
-    auto g = torch::autograd::grad({y.sum()}, {t.x, t.w});
-    benchmark::DoNotOptimize(g.data());
-  }
-}
-BENCHMARK(BM_Call_HookedFloor)->Unit(benchmark::kMicrosecond);
-
-// The hooked floor with the recomputation's saves going through hooks too,
-// as a recomputation's must (that is how its tensors are caught): what a
-// checkpoint built on saved-tensor hooks cannot avoid.
-void BM_Call_RecomputeHookedFloor(benchmark::State& state) {
-  Tiny t;
-  for (auto _ : state) {
-    at::Tensor y;
-    {
-      prefire::SavedTensorMeter hooked;
+      std::optional<prefire::SavedTensorMeter> hooked;
+      if (hook_forward) hooked.emplace();
       y = t.forward(t.x);
     }
     {
-      prefire::SavedTensorMeter hooked;
+      std::optional<prefire::SavedTensorMeter> hooked;
+      if (hook_again) hooked.emplace();
       auto again = t.forward(t.x);
       benchmark::DoNotOptimize(again.data_ptr());
     }
@@ -109,6 +81,14 @@ void BM_Call_RecomputeHookedFloor(benchmark::State& state) {
     benchmark::DoNotOptimize(g.data());
   }
 }
+
+void BM_Call_RecomputeFloor(benchmark::State& state) { call_floor(state, false, false); }
+BENCHMARK(BM_Call_RecomputeFloor)->Unit(benchmark::kMicrosecond);
+
+void BM_Call_HookedFloor(benchmark::State& state) { call_floor(state, true, false); }
+BENCHMARK(BM_Call_HookedFloor)->Unit(benchmark::kMicrosecond);
+
+void BM_Call_RecomputeHookedFloor(benchmark::State& state) { call_floor(state, true, true); }
 BENCHMARK(BM_Call_RecomputeHookedFloor)->Unit(benchmark::kMicrosecond);
 
 void BM_Call_Checkpoint(benchmark::State& state, prefire::CheckpointOptions options) {
