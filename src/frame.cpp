@@ -242,6 +242,7 @@ std::pair<TensorList, bool> Frame::forward(const TensorList& inputs) {
     HookContextScope scope(this);
     outputs = fn_(inputs);
   }
+  state_.drop_rng_if_unused();  // before anything else on this thread draws; Note [Generator snapshots]
   num_slots_ = metadata_.size();
   // See Note [Early stop].
   const bool autograd_work_after_last_save = at::sequence_number::peek() != last_pack_sequence_nr_;

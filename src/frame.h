@@ -124,7 +124,7 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
 
   const CheckpointFn fn_;
   const CheckpointOptions options_;
-  const CapturedState state_;
+  CapturedState state_;  // its generator snapshot may be dropped after forward; read-only after
   std::optional<c10::Device> prefire_device_;  // the first CUDA input's; see Note [Stream ordering of prefire]
   std::vector<torch::autograd::SavedVariable> saved_inputs_;
   std::vector<c10::VariableVersion> input_versions_;  // counters of the inputs, to detect in-place changes

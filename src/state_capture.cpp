@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <mutex>
 
 namespace prefire::detail {
@@ -45,10 +47,15 @@ void write_cpu_state(const CpuRngState& state) {
   impl->set_next_double_normal_sample(state.next_double_normal);
 }
 
+// Asked once: c10 counts the devices once per process too
+// (c10::cuda::device_count() caches its answer).
 const c10::impl::DeviceGuardImplInterface* cuda_guard_impl() {
-  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return nullptr;
-  auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  return impl->deviceCount() > 0 ? impl : nullptr;
+  static const c10::impl::DeviceGuardImplInterface* const impl = []() -> const c10::impl::DeviceGuardImplInterface* {
+    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return nullptr;
+    auto* found = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    return found->deviceCount() > 0 ? found : nullptr;
+  }();
+  return impl;
 }
 
 std::optional<c10::Device> current_cuda_device() {
@@ -77,9 +84,15 @@ void AutocastState::apply() const {
   at::autocast::set_autocast_cache_enabled(cache_enabled);
 }
 
+bool CpuRngState::same_as(const CpuRngState& other) const {
+  static_assert(std::is_trivially_copyable_v<at::mt19937>);
+  return std::memcmp(&engine, &other.engine, sizeof(at::mt19937)) == 0 &&
+         next_float_normal == other.next_float_normal && next_double_normal == other.next_double_normal;
+}
+
 // RngState's are built around the state read, never default-constructed
 // first: a default at::mt19937 seeds itself (624 multiplications, ~1 us).
-RngState RngState::capture(const std::vector<at::Tensor>& inputs) {
+std::shared_ptr<const RngState> RngState::capture(const std::vector<at::Tensor>& inputs) {
   RngState s{read_cpu_state(), {}};
   for (const auto& t : inputs) {
     if (!t.defined() || !t.is_cuda()) continue;
@@ -88,7 +101,11 @@ RngState RngState::capture(const std::vector<at::Tensor>& inputs) {
                             [&](const auto& entry) { return entry.first == d; });
     if (!seen) s.devices.emplace_back(d, read_state(d));
   }
-  return s;
+  if (!s.devices.empty()) return std::make_shared<const RngState>(std::move(s));
+  // See Note [Generator snapshots].
+  thread_local std::shared_ptr<const RngState> last;
+  if (!last || !last->cpu.same_as(s.cpu)) last = std::make_shared<const RngState>(std::move(s));
+  return last;
 }
 
 RngState RngState::capture_like(const RngState& like) {
@@ -109,6 +126,10 @@ CapturedState CapturedState::capture(const std::vector<at::Tensor>& inputs, bool
   s.cuda_device = current_cuda_device();
   s.intra_op_threads = at::get_num_threads();
   return s;
+}
+
+void CapturedState::drop_rng_if_unused() {
+  if (rng && rng->devices.empty() && rng->cpu.same_as(read_cpu_state())) rng.reset();
 }
 
 std::unique_lock<std::recursive_mutex> lock_generators() {

@@ -40,7 +40,8 @@
 // prefire on one thread, a lazy recompute on an autograd device thread, two
 // backward threads) would each set the process-wide generator and interleave
 // their draws: wrong dropout masks, silently. So every recomputation with
-// preserve_rng_state holds one process-wide recursive lock from before it
+// preserve_rng_state that restores a generator (see Note [Generator
+// snapshots]) holds one process-wide recursive lock from before it
 // claims its single flight (Note [Single-flight recomputation]) until it ends;
 // they run one at a time, and a recomputation that needs another one (a
 // nested checkpoint's inputs) takes it again on its own thread. The lock is
@@ -49,12 +50,32 @@
 // numbers on other threads meanwhile are not serialized: they race on the
 // generator as they would without prefire.
 
+// Note [Generator snapshots]
+// The CPU generator's state is ~2.5 KB, and restoring it around a
+// recomputation means a read, two writes and the process-wide lock of Note
+// [Recomputations that restore generators]. Most checkpointed functions draw
+// no random numbers at all (no dropout), so:
+//  * When forward returns and the generators are exactly as the snapshot
+//    found them, the function drew nothing, and its recomputation (the same
+//    function; or a prefix of it, when it stops early) will draw nothing
+//    either: the frame drops the snapshot and its recomputations restore no
+//    generator and take no lock. Anything else that drew meanwhile (another
+//    thread, a context hook) makes the states differ, and the snapshot is
+//    kept: the rule only ever errs towards restoring.
+//  * A thread keeps its last snapshot, and the next capture shares it when
+//    the state read now is the same, so a forward that draws nothing
+//    allocates no 2.5 KB copy per checkpoint (glibc consolidates its fast bins
+//    on every large request). Snapshots are immutable once made.
+// Both apply to captures of the CPU generator alone; a CUDA generator's state
+// is a tensor, read afresh and always restored.
+
 #include <ATen/core/Generator.h>
 #include <ATen/core/MT19937RNGEngine.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -79,6 +100,11 @@ struct CpuRngState {
   at::mt19937 engine;
   std::optional<float> next_float_normal;
   std::optional<double> next_double_normal;
+
+  /// Whether both describe the same generator state. Compares the engines'
+  /// bytes, padding included: a false "different" only keeps a snapshot
+  /// that was not needed, never the reverse.
+  bool same_as(const CpuRngState& other) const;
 };
 
 struct RngState {
@@ -86,19 +112,23 @@ struct RngState {
   std::vector<std::pair<c10::Device, at::Tensor>> devices;  // per CUDA device of the inputs
 
   /// Captures the CPU generator and the generators of the devices of `inputs`.
-  static RngState capture(const std::vector<at::Tensor>& inputs);
+  /// See Note [Generator snapshots].
+  static std::shared_ptr<const RngState> capture(const std::vector<at::Tensor>& inputs);
   /// Captures the same generators as `like`, as they are now.
   static RngState capture_like(const RngState& like);
   void apply() const;
 };
 
 struct CapturedState {
-  std::optional<RngState> rng;  // empty without preserve_rng_state
+  std::shared_ptr<const RngState> rng;  // null without preserve_rng_state
   AutocastState autocast;
   std::optional<c10::Device> cuda_device;  // current CUDA device, when CUDA has devices
   int intra_op_threads = 1;                // at::get_num_threads() of the forward's thread
 
   static CapturedState capture(const std::vector<at::Tensor>& inputs, bool preserve_rng);
+  /// Right after forward: drops `rng` when it holds the CPU generator alone
+  /// and that generator is as the snapshot found it (Note [Generator snapshots]).
+  void drop_rng_if_unused();
 };
 
 /// Applies a captured state for its lifetime and restores the caller's state

@@ -21,12 +21,6 @@ using ::testing::HasSubstr;
 
 at::Tensor input(int64_t n = 64) { return at::randn({4, n}).requires_grad_(true); }
 
-at::Tensor cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
 struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

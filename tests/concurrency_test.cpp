@@ -373,6 +373,40 @@ TEST(Concurrency, RecomputationsThatRestoreGeneratorsNeverInterleaveTheirDraws) 
   });
 }
 
+TEST(Concurrency, RecomputationsOfDrawFreeFunctionsNeitherRestoreNorWaitForGenerators) {
+  // Note [Generator snapshots]: a checkpoint whose forward drew no random
+  // numbers restores no generator when recomputed, so it does not wait for
+  // the generator lock that a recomputation drawing dropout masks holds.
+  auto xa = at::randn({8, 16}).requires_grad_(true), xb = at::randn({8, 16}).requires_grad_(true);
+  std::atomic<int> runs_a{0};
+  std::latch a_recomputing(1), release_a(1);
+  CheckpointFn draws = [&](const TensorList& in) {
+    auto out = at::dropout(in[0].sin(), 0.5, /*train=*/true);
+    if (runs_a.fetch_add(1) == 1) {  // the recomputation: hold the generator lock until told
+      a_recomputing.count_down();
+      release_a.wait();
+    }
+    return TensorList{out};
+  };
+  CheckpointFn draw_free = [](const TensorList& in) { return TensorList{in[0].sin().exp()}; };
+  at::manual_seed(31);
+  auto ya = checkpoint(draws, {xa})[0];
+  auto yb = checkpoint(draw_free, {xb})[0];
+  const auto expected_b = grads(draw_free({xb})[0], {xb});
+  TensorList got_b;
+  within_deadline("a draw-free recomputation while a dropout recomputation holds the generators", 60s, [&] {
+    std::thread a = pinned_thread([&] { grads(ya, {xa}); });
+    a_recomputing.wait();
+    const auto state_before_b = cpu_rng_state();
+    got_b = grads(yb, {xb});  // waits forever if it takes the generator lock
+    EXPECT_TRUE(at::equal(cpu_rng_state(), state_before_b));
+    release_a.count_down();
+    a.join();
+  });
+  expect_all_equal(got_b, expected_b);
+  EXPECT_EQ(runs_a.load(), 2);
+}
+
 // ---- the session registry ------------------------------------------------------------------
 
 TEST(Concurrency, SessionRegistryStaysBoundedOverManyDistinctIds) {

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -115,6 +116,13 @@ inline void expect_all_close(const TensorList& a, const TensorList& b, double rt
     EXPECT_TRUE(at::allclose(a[i], b[i], rtol, atol)) << "gradient " << i << " differs, max |diff| = "
                                                       << (a[i] - b[i]).abs().max().item<double>();
   }
+}
+
+/// The default CPU generator's state, read under its lock.
+inline at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
 }
 
 inline TensorList concat(TensorList a, const TensorList& b) {
