@@ -62,7 +62,10 @@ struct CheckpointOptions {
   /// Capture the CPU generator and the generators of every CUDA device of the
   /// inputs at forward, and run the recomputation from that state. The
   /// caller's generator state is put back after the recomputation. Such
-  /// recomputations are serialized with each other, process-wide.
+  /// recomputations are serialized with each other, process-wide. A
+  /// function whose forward left the CPU generator as it found it (it drew
+  /// no random numbers; no CUDA inputs) needs no restore: its recomputations
+  /// restore nothing and are not serialized.
   bool preserve_rng_state = true;
   DeterminismCheck determinism_check = DeterminismCheck::kMetadata;
   ContextFn context_fn;
