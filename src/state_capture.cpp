@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 #include <mutex>
+#include <type_traits>
 
 namespace prefire::detail {
 namespace {
