@@ -13,6 +13,8 @@
 #include "state_capture.h"
 
 #include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <atomic>
@@ -21,7 +23,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -29,7 +30,7 @@ namespace prefire::detail {
 
 /// What the determinism check compares per saved tensor.
 struct SlotMetadata {
-  std::vector<int64_t> sizes;
+  c10::SmallVector<int64_t, 5> sizes;
   at::ScalarType dtype = at::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
   std::optional<uint64_t> checksum;  // determinism_check = checksum only; compared on its own
@@ -133,21 +134,23 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   // Written by the forward thread before forward_done_, read-only after.
   std::atomic<bool> forward_done_{false};
   size_t num_slots_ = 0;
-  std::vector<SlotMetadata> metadata_;  // by slot
-  std::vector<uint8_t> counted_;        // by slot: its storage counts as recomputed bytes
+  // Per-slot vectors keep a few slots inline: most checkpoints save a handful
+  // of tensors, and these are filled on the forward's hot path.
+  c10::SmallVector<SlotMetadata, 4> metadata_;  // by slot
+  c10::SmallVector<uint8_t, 8> counted_;        // by slot: its storage counts as recomputed bytes
   int64_t expected_bytes_ = 0;
   bool stop_at_last_slot_ = false;  // See Note [Early stop] in frame.cpp
   uint64_t last_pack_sequence_nr_ = 0;
   std::vector<std::weak_ptr<Frame>> nested_;  // checkpoints created inside the forward run
   // Forward only: storages that do not count (inputs) and storages counted,
   // pinned so that their addresses stay unique until the forward ends.
-  std::unordered_set<const c10::StorageImpl*> forward_uncounted_, forward_counted_;
+  ska::flat_hash_set<const c10::StorageImpl*> forward_uncounted_, forward_counted_;
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> forward_pins_;
 
   std::atomic<bool> bound_{false};  // the hot path's first read; see Note [Session binding]
 
   mutable std::mutex mu_;  // guards the fields below; never held while anything is recomputed
-  std::vector<uint8_t> alive_;  // by slot: autograd still holds it
+  c10::SmallVector<uint8_t, 8> alive_;  // by slot: autograd still holds it
   std::vector<std::pair<int64_t, std::shared_ptr<Recomputation>>> graph_tasks_;
   std::shared_ptr<SessionEntry> registered_;
 };

@@ -82,7 +82,7 @@ void count_recomputation() { g_recomputations.fetch_add(1, std::memory_order_rel
 
 Recomputation::~Recomputation() { release_all(); }
 
-bool Recomputation::ensure(const std::function<void()>& compute) {
+bool Recomputation::ensure(c10::function_ref<void()> compute) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     const State state = state_.load(std::memory_order_relaxed);

@@ -7,16 +7,16 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/FunctionRef.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 namespace prefire::detail {
@@ -69,7 +69,7 @@ class Recomputation {
   /// computes afresh) and the exception reaches this caller only. Raises
   /// CheckpointError when `compute` itself asks for the recomputation it is
   /// computing (it would wait for itself).
-  bool ensure(const std::function<void()>& compute);
+  bool ensure(c10::function_ref<void()> compute);
   /// Whether a computation finished and its result is held.
   bool done() const { return state_.load(std::memory_order_acquire) == State::kDone; }
 
@@ -110,7 +110,7 @@ class Recomputation {
   std::vector<at::Tensor> tensors_;  // by slot
   std::vector<uint8_t> consumed_;    // by slot
   std::vector<uint8_t> counted_;     // by slot
-  std::unordered_map<const c10::StorageImpl*, int> storages_;  // counted storages -> slots holding them
+  ska::flat_hash_map<const c10::StorageImpl*, int> storages_;  // counted storages -> slots holding them
   const std::shared_ptr<ByteGauge> owner_;
   const std::shared_ptr<ByteGauge> pool_;
   bool in_pool_ = false;  // set by `compute` before anything is stored
