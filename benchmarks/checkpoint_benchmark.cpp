@@ -10,7 +10,8 @@
 //   recomputation's are in any hook-based checkpoint
 //   (BM_Call_RecomputeHookedFloor). Printed once more from an interleaved
 //   run that a busy host disturbs less (Note [Per-call overhead on a shared
-//   machine]).
+//   machine]), with ATen's defaults and with oneDNN off (Note [The tiny
+//   block with and without oneDNN]).
 // * B/W split: one micro-batch of a GPT-style stage, forward then B
 //   (prefire::backward_input) then W (prefire::WeightPass), in four modes: no
 //   checkpoint, checkpoint keyed by graph task (recomputes in both passes),
@@ -130,40 +131,52 @@ BENCHMARK_CAPTURE(BM_Call_Checkpoint, NoDeterminismCheck, [] {
 // Note [Per-call overhead on a shared machine]
 // The host these run on is shared: for seconds at a time every call slows by
 // 10-50 %, and the medians above move with it. So the per-call overhead is
-// also measured interleaved: unchecked, both-hooked floor and checkpoint run
-// in alternating chunks of 50 calls, 200 chunks each, and each is represented
-// by its fastest chunk (and its 10th percentile), the chunks least disturbed.
-// Alternating keeps the three under the same conditions.
-void print_interleaved_overhead() {
+// also measured interleaved: unchecked, the recompute floor, the both-hooked
+// floor and checkpoint run in alternating chunks of 50 calls, 200 chunks
+// each, and each is represented by its fastest chunk (and its 10th
+// percentile), the chunks least disturbed. Alternating keeps the four under
+// the same conditions.
+//
+// Note [The tiny block with and without oneDNN]
+// ATen runs a CPU GELU through oneDNN when it can, building a primitive
+// descriptor on every call: about half of the tiny block's unchecked time,
+// and paid again by the recomputation. It also slows the checkpoint's
+// backward beyond the instructions it adds (docs/benchmarks.md). So the
+// interleaved run is printed twice: with ATen's defaults and with oneDNN
+// switched off (at::Context::setUserEnabledMkldnn(false), ATen's own GELU),
+// which separates what prefire costs from what the recomputed op costs.
+void print_interleaved_overhead(const char* setting) {
   Tiny t;
   const prefire::CheckpointOptions defaults;
-  const std::function<void()> calls[] = {[&] { call_unchecked(t); }, [&] { call_floor(t, true, true); },
-                                         [&] { call_checkpoint(t, defaults); }};
-  constexpr int kChunks = 200, kCalls = 50;
-  std::vector<double> us[3];
+  const std::function<void()> calls[] = {[&] { call_unchecked(t); }, [&] { call_floor(t, false, false); },
+                                         [&] { call_floor(t, true, true); }, [&] { call_checkpoint(t, defaults); }};
+  constexpr int kKinds = 4, kChunks = 200, kCalls = 50;
+  std::vector<double> us[kKinds];
   for (const auto& call : calls) {
     for (int i = 0; i < kCalls; ++i) call();  // warm-up
   }
   for (int chunk = 0; chunk < kChunks; ++chunk) {
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < kKinds; ++k) {
       const auto begin = std::chrono::steady_clock::now();
       for (int i = 0; i < kCalls; ++i) calls[k]();
       us[k].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - begin).count() /
                       kCalls);
     }
   }
-  double fastest[3], p10[3];
-  for (int k = 0; k < 3; ++k) {
+  double fastest[kKinds], p10[kKinds];
+  for (int k = 0; k < kKinds; ++k) {
     std::sort(us[k].begin(), us[k].end());
     fastest[k] = us[k].front();
     p10[k] = us[k][us[k].size() / 10];
   }
-  std::printf("  per call, interleaved (fastest of %d chunks of %d; 10th percentile): unchecked %.1f (%.1f) us, "
-              "both runs hooked %.1f (%.1f), checkpoint %.1f (%.1f)\n",
-              kChunks, kCalls, fastest[0], p10[0], fastest[1], p10[1], fastest[2], p10[2]);
-  std::printf("  %-50s %.2f us (%.2f); beyond hooks on both runs %.2f us (%.2f)\n",
-              "per-call overhead, interleaved", fastest[2] - fastest[0], p10[2] - p10[0], fastest[2] - fastest[1],
-              p10[2] - p10[1]);
+  std::printf("  per call, interleaved, %s (fastest of %d chunks of %d; 10th percentile): unchecked %.1f (%.1f) us, "
+              "recompute floor %.1f (%.1f), both runs hooked %.1f (%.1f), checkpoint %.1f (%.1f)\n",
+              setting, kChunks, kCalls, fastest[0], p10[0], fastest[1], p10[1], fastest[2], p10[2], fastest[3],
+              p10[3]);
+  std::printf("  %-50s %.2f us (%.2f); beyond the recompute floor %.2f us (%.2f); beyond hooks on both runs "
+              "%.2f us (%.2f)\n",
+              "per-call overhead, interleaved", fastest[3] - fastest[0], p10[3] - p10[0], fastest[3] - fastest[1],
+              p10[3] - p10[1], fastest[3] - fastest[2], p10[3] - p10[2]);
 }
 
 // ---- B/W split ---------------------------------------------------------------------
@@ -267,7 +280,14 @@ int main(int argc, char** argv) {
       std::printf("  %-50s %.2f us (%s)\n", o.label, (checkpointed - baseline) / 1e3, o.what);
     }
   }
-  if (checkpointed > 0) print_interleaved_overhead();  // Note [Per-call overhead on a shared machine]
+  if (checkpointed > 0) {  // Note [Per-call overhead on a shared machine]
+    print_interleaved_overhead("ATen defaults");
+    auto& context = at::globalContext();  // Note [The tiny block with and without oneDNN]
+    const bool mkldnn = context.userEnabledMkldnn();
+    context.setUserEnabledMkldnn(false);
+    print_interleaved_overhead("oneDNN off");
+    context.setUserEnabledMkldnn(mkldnn);
+  }
   auto& peaks = peak_bytes();
   if (peaks.count(Split::kNone) && peaks[Split::kNone] > 0) {
     const double none = double(peaks[Split::kNone]);
