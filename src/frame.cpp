@@ -260,9 +260,10 @@ std::pair<TensorList, bool> Frame::forward(const TensorList& inputs) {
   // See Note [Early stop].
   const bool autograd_work_after_last_save = at::sequence_number::peek() != last_pack_sequence_nr_;
   stop_at_last_slot_ = options_.early_stop && (prefire_device_.has_value() || autograd_work_after_last_save);
-  forward_uncounted_.clear();
-  forward_counted_.clear();
-  forward_pins_.clear();
+  // Forward-only bookkeeping: its memory goes too, not only its elements.
+  forward_uncounted_ = {};
+  forward_counted_ = {};
+  forward_pins_ = {};
   forward_done_.store(true, std::memory_order_release);
   if (parent != nullptr && num_slots_ > 0) parent->nested_.push_back(weak_from_this());
   return {std::move(outputs), parent != nullptr};
