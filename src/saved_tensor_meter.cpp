@@ -54,14 +54,16 @@ namespace {
 // Parameters exist whether or not autograd saves them: not activation memory.
 bool counts(const at::Tensor& t) { return t.has_storage() && !aliases_a_leaf(t); }
 
-// Holds the saved tensor (detached: an output saved by its own node would
-// otherwise hold that node in a cycle) and repeats autograd's version check,
-// which SavedVariable skips for hooked tensors.
+// Holds the saved tensor (an alias without autograd metadata: an output
+// saved by its own node would otherwise hold that node in a cycle; see Note
+// [Aliases of recomputed tensors] in frame.cpp) and repeats autograd's
+// version check, which SavedVariable skips for hooked tensors; the alias
+// shares the tensor's version counter.
 class MeteredTensor final : public PackedTensor {
  public:
   MeteredTensor(std::shared_ptr<MeterContext> meter, const at::Tensor& t)
       : meter_(std::move(meter)),
-        tensor_(t.detach()),
+        tensor_(t.tensor_data()),
         version_(t._version()),
         storage_(counts(t) ? t.storage().unsafeGetStorageImpl() : nullptr),
         nbytes_(t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0) {
