@@ -97,9 +97,9 @@ class KeptTensor final : public PackedTensor {
 // storage, metadata and version counter, as detach() does, but is a plain
 // shallow copy rather than an op through the dispatcher (callgrind: ~1,100
 // instructions fewer each, five per call of a four-slot checkpoint). The
-// inputs of a recomputation are made the same way. What autograd later hands to
-// backward is its own variable over that alias (SavedVariable::unpack), so
-// the alias is never seen by user code.
+// inputs of a recomputation are made the same way. What autograd later
+// hands to backward is its own variable over that alias
+// (SavedVariable::unpack), so the alias is never seen by user code.
 
 // The context on top of the stack while a frame recomputes.
 class RecomputeCapture final : public HookContext {

@@ -11,8 +11,9 @@
 // stack, and pops it when the scope ends. The pair is two C++ functions
 // (pybind11 cpp_function): pack hands the tensor to current_hook_context()
 // and returns the PackedTensor in a capsule (Note [Packed tensors as
-// capsules]); unpack unwraps and unpacks it. No Python code of prefire's runs per saved tensor. Each scope's
-// end pops the top pair of torch's stack: scopes end in LIFO order (the one
+// capsules]); unpack unwraps and unpacks it. No Python code of prefire's
+// runs per saved tensor. Each scope's end pops the top pair of torch's
+// stack: scopes end in LIFO order (the one
 // exception, a SavedTensorMeter stopped out of order, is C++ API only), and
 // hooks a user pushes inside a checkpoint are popped by the user first.
 //
