@@ -13,9 +13,9 @@
 // and returns the PackedTensor in a capsule (Note [Packed tensors as
 // capsules]); unpack unwraps and unpacks it. No Python code of prefire's
 // runs per saved tensor. Each scope's end pops the top pair of torch's
-// stack: scopes end in LIFO order (the one
-// exception, a SavedTensorMeter stopped out of order, is C++ API only), and
-// hooks a user pushes inside a checkpoint are popped by the user first.
+// stack: scopes end in LIFO order (the one exception, a SavedTensorMeter
+// stopped out of order, is C++ API only), and hooks a user pushes inside a
+// checkpoint are popped by the user first.
 //
 // The GIL: the checkpointed function is Python, run from C++ (forward, lazy
 // recomputation inside an unpack hook, prefire) under the GIL. Everything that
