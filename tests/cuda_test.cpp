@@ -2,7 +2,8 @@
 // own, not one of c10's pool streams) with event handoff, Philox state
 // restore (dropout masks), CUDA autocast restore and the cast cache left
 // alone, the session buffer pool (pool bytes in the session stats, its memory
-// given back by empty_cache() once every session is cleared), reserved memory
+// given back by empty_cache() once every session is cleared, no library
+// workspace made inside a thread's first window), reserved memory
 // stable after warm-up, and the checksum kernel against the CPU loop. Every test
 // skips without a GPU (GTEST_SKIP), and the file compiles to skips alone in a
 // build without CUDA.
@@ -269,6 +270,31 @@ TEST(Cuda, SessionPoolMemoryReturnsOnEmptyCacheOnceEverySessionIsCleared) {
   c10::cuda::CUDACachingAllocator::emptyCache();
   EXPECT_EQ(session_pool_reserved_bytes(), 0) << "empty_cache() did not give the session pool back";
   EXPECT_EQ(reserved_bytes(), baseline);
+}
+
+// cuBLAS and cuBLASLt keep a workspace per (thread's handle, stream) for the
+// life of the process. A new thread gets new handles, so its first prefire
+// with the pool on is where they would be made inside a window and pin the
+// pool (a GPU run once found 2 MiB left there, docs/benchmarks.md).
+TEST(Cuda, NewThreadsFirstPoolWindowLeavesNoLibraryWorkspaceInThePool) {
+  PREFIRE_REQUIRE_GPU();
+  CudaStage stage(2, 0.0);
+  auto x = at::randn({8, 64, kDim}, kCuda).requires_grad_(true);
+  auto gy = at::randn({8, 64, kDim}, kCuda);
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  ASSERT_EQ(session_pool_reserved_bytes(), 0) << "an earlier test left memory in a session pool";
+  std::thread worker([&] {
+    PoolSetting pool(true);
+    HandleCollector collect;
+    auto y = stage.forward(x, true);  // linear layers with a bias: addmm
+    for (const auto& h : collect.handles()) prefire(h, 110);
+    EXPECT_GT(session_stats(110).pool_bytes, 0);
+    split_backward(x, y, gy, stage.params(), 110);
+    clear_session(110);
+  });
+  worker.join();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  EXPECT_EQ(session_pool_reserved_bytes(), 0) << "the thread's first window left memory in the session pool";
 }
 
 TEST(Cuda, AutocastRecomputationNeitherReadsNorClearsTheCastCache) {

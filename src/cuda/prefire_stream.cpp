@@ -12,17 +12,25 @@
 #if PREFIRE_WITH_CUDA
 #include <prefire/cuda_stream.h>
 
-#include <ATen/ops/addmm.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/macros/Export.h>
 
 #include <algorithm>
 #include <map>
 #include <mutex>
+
+// Declared as in <ATen/cuda/CUDAContextLight.h>, which cannot be included
+// here: it needs the CUDA toolkit's cuSPARSE and cuSOLVER headers, and a build
+// against torch's wheels has only the runtime's. libtorch_cuda exports it with
+// this signature in every torch prefire builds against (2.11 to 2.14).
+namespace at::cuda {
+TORCH_CUDA_CPP_API void* getCUDABlasLtWorkspace();
+}  // namespace at::cuda
 #endif
 
 namespace prefire {
@@ -76,20 +84,19 @@ c10::cuda::CUDAStream create_stream(c10::DeviceIndex index) {
 }
 
 // cuBLAS and cuBLASLt keep a workspace per (handle, stream), and handles are
-// per thread: the first GEMMs of a thread on the prefire stream allocate them
-// (mm: cuBLAS; addmm with a bias vector, as linear layers call it: cuBLASLt).
-// Done here, before any window, they land in the general pool instead of a
-// session pool, which they would pin for good.
+// per thread: the first GEMM of a thread on the prefire stream allocates them.
+// Made here, before the thread's first window, they land in the general pool
+// instead of a session pool, which they would pin for good. The cuBLASLt
+// workspace is asked for by name: whether a linear layer's addmm takes
+// cuBLASLt depends on its shapes and the torch version, so a warm-up GEMM
+// might not create it.
 void warm_cublas(const c10::cuda::CUDAStream& stream) {
   thread_local std::vector<c10::DeviceIndex> warmed;
   if (std::find(warmed.begin(), warmed.end(), stream.device_index()) != warmed.end()) return;
   c10::cuda::CUDAStreamGuard on(stream);
-  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
-    auto options = at::TensorOptions().device(at::kCUDA, stream.device_index()).dtype(dtype);
-    auto a = at::ones({16, 16}, options);
-    at::mm(a, a);
-    at::addmm(at::ones({16}, options), a, a);
-  }
+  auto a = at::ones({16, 16}, at::TensorOptions().device(at::kCUDA, stream.device_index()));
+  at::mm(a, a);                        // cuBLAS: this thread's handle and its workspace for the stream
+  at::cuda::getCUDABlasLtWorkspace();  // cuBLASLt's (or cuBLAS's, where torch unifies the two)
   warmed.push_back(stream.device_index());
 }
 

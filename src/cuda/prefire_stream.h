@@ -27,10 +27,10 @@
 //     memory before the consumer is done. recordStream inside another
 //     thread's window would be booked as a capture use and later stripped, so
 //     unpacks take the device's window lock around it.
-// Before a thread's first window on a device it runs a few GEMMs on the
-// prefire stream: cuBLAS keeps a workspace per (per-thread handle, stream),
-// allocated on first use; made inside a window it would sit in the session
-// pool for good.
+// Before a thread's first window on a device it makes cuBLAS's and
+// cuBLASLt's workspaces for the prefire stream: each library keeps one per
+// (per-thread handle, stream), allocated on first use; made inside a window
+// it would sit in the session pool for good.
 // Limitations: one device per prefire (the device of the checkpoint's first
 // CUDA input); with the pool on, prefires on one device run one at a time (a
 // pool's routing cannot nest), and an unpack on another thread waits while a
