@@ -30,7 +30,10 @@
 // Before a thread's first window on a device it makes cuBLAS's and
 // cuBLASLt's workspaces for the prefire stream: each library keeps one per
 // (per-thread handle, stream), allocated on first use; made inside a window
-// it would sit in the session pool for good.
+// it would sit in the session pool for good. Once per thread: after torch
+// drops the workspaces (torch._C._cuda_clearCublasWorkspaces(), which
+// inductor's CUDA graph trees call), the next window makes them in the pool,
+// where they stay until the next such clear.
 // Limitations: one device per prefire (the device of the checkpoint's first
 // CUDA input); with the pool on, prefires on one device run one at a time (a
 // pool's routing cannot nest), and an unpack on another thread waits while a
