@@ -3,6 +3,7 @@
 #include <prefire/install.h>
 
 #include "../profiling/nvtx.h"
+#include "engine.h"
 #include "frame.h"
 #include "schedule_internal.h"
 #include "session.h"
@@ -61,8 +62,11 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const Ch
   validate(fn, options);
   if (!c10::GradMode::is_enabled()) return fn(inputs);
   // Inside a recomputation a checkpoint belongs to the recomputation's own
-  // graph (a nested checkpoint being recomputed), not to the user's forward.
-  if (detail::session_scope_open_on_this_thread() && !detail::recomputing_on_this_thread()) {
+  // graph (a nested checkpoint being recomputed), not to the user's forward;
+  // so does one created inside a backward (another library's recomputation,
+  // e.g. torch.utils.checkpoint's around this one, run by a session's pass).
+  if (detail::session_scope_open_on_this_thread() && !detail::recomputing_on_this_thread() &&
+      detail::current_graph_task_id() < 0) {
     throw CheckpointError(
         "prefire::checkpoint: a checkpoint was created while a SessionScope is open on this thread; a session "
         "scope is for the backward passes of checkpoints made before it. Run this forward outside the "

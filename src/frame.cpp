@@ -14,10 +14,15 @@
 //      SessionScope of it is open), or when a prefire of that session runs on
 //      this thread (the inputs of a nested checkpoint come from its parent);
 //      kept as the scope's retain_on_unpack says, until clear_session();
-//   2. the backward graph task's: its tensors leave one by one as autograd
+//   2. the torch.utils.checkpoint.GraphExecGroup's, when the backward runs
+//      inside one (torch's own way to share a recomputation between
+//      backwards over disjoint parts of a graph): each tensor handed out
+//      once, the rest dropped with the frame or as autograd frees their saved
+//      tensors, as torch's checkpoint does;
+//   3. the backward graph task's: its tensors leave one by one as autograd
 //      unpacks them, and those it never unpacks (partial backward) are dropped
 //      when the graph task ends, through Engine::queue_callback;
-//   3. outside backward, a private one for this unpack alone.
+//   4. outside backward, a private one for this unpack alone.
 // Whatever the key, the path is the same: find the recomputation, compute it
 // once (compute_once, Note [Single-flight recomputation]), take the slot. The
 // frame writes its session's counters through the entry the session layer
@@ -34,9 +39,11 @@
 #include "observer_internal.h"
 
 #include <ATen/SequenceNumber.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -56,10 +63,19 @@ namespace {
 //
 // The signal is not free: unwinding through the dispatcher and autograd costs
 // ~15 us on a 2-core x86 machine. So forward notes whether a stop would cut
-// any autograd work: whether it created an autograd node after the one that
-// saved the last tensor (at::sequence_number, per thread). When it created
-// none, the rest of the function builds nothing backward needs, and the
-// recomputation runs to its end instead of being stopped. The rule is
+// any work: whether it created an autograd node after the one that saved the
+// last tensor (at::sequence_number, per thread), and whether that last save
+// came before its op's kernel ran (an op saves its inputs when it builds its
+// node, before the kernel, and its outputs after; a saved tensor that needs a
+// gradient and is not an output of the newest node is taken for an input,
+// one that needs none, a mask or indices, for an output). When it created no
+// node after, and the last save was an output, the rest of the function
+// builds nothing backward needs and computes nothing it saves, and the
+// recomputation runs to its end instead of being stopped; otherwise it stops,
+// so a block ending in a linear layer does not run that layer's GEMM again.
+// A recomputation that saves more tensors than forward did, with early stop
+// on, stops at forward's count like torch.utils.checkpoint does (what follows
+// would not be unpacked). The rule is
 // deliberately not a timing: whether the rest of `fn` runs again is the same
 // on every run and every machine. Checkpoints with CUDA inputs always stop
 // (their kernels run asynchronously; a stop also keeps the prefire stream
@@ -96,20 +112,41 @@ class KeptTensor final : public PackedTensor {
 // keeps an alias without autograd metadata: tensor_data(), which shares
 // storage, metadata and version counter, as detach() does, but is a plain
 // shallow copy rather than an op through the dispatcher (callgrind: ~1,100
-// instructions fewer each, five per call of a four-slot checkpoint). The
-// inputs of a recomputation are made the same way. What autograd later
-// hands to backward is its own variable over that alias
-// (SavedVariable::unpack), so the alias is never seen by user code.
+// instructions fewer each, five per call of a four-slot checkpoint). What
+// autograd later hands to backward is its own variable over that alias
+// (SavedVariable::unpack), so the alias is never seen by user code. A saved
+// tensor that needs no gradient and has no history (an input or a constant
+// that does not require grad) has no graph to drop: the slot keeps the tensor
+// itself, so backward unpacks the object forward saved, as torch's
+// checkpoint does.
+//
+// Note [Recomputation inputs are forward's tensors]
+// The recomputation runs `fn` on exactly what its saved inputs unpack to: for
+// a top-level checkpoint the very tensors forward received (same
+// TensorImpl, so in Python the same object: its subclass type, its Python
+// attributes, a DTensor's placements), for a nested one the tensors its
+// parent's recomputation saved. Not aliases: a function whose behaviour
+// depends on its input's type (a __torch_function__ subclass) would compute
+// something else on a plain alias, and the metadata check cannot see it
+// (shapes agree). The recomputation's ops thereby add nodes that point into
+// forward's graph; nothing runs them, and they go with the recomputation's
+// throw-away graph. torch.utils.checkpoint recomputes from its saved inputs
+// the same way.
+
+// Whether a tensor a recomputation saves carries autograd state its slot must
+// not keep; see Note [Aliases of recomputed tensors].
+bool needs_alias(const at::Tensor& t) { return t.requires_grad(); }
 
 // The context on top of the stack while a frame recomputes.
 class RecomputeCapture final : public HookContext {
  public:
-  RecomputeCapture(Frame& frame, Recomputation& r) : frame_(frame), r_(r) {}
+  RecomputeCapture(Frame& frame, Recomputation& r, const Frame::Extent& extent)
+      : frame_(frame), r_(r), extent_(extent) {}
 
   std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override {
     // One alias for the slot and for the throw-away graph; see Note [Aliases of recomputed tensors].
-    at::Tensor detached = tensor.tensor_data();
-    if (frame_.store_recomputed(r_, count_++, detached)) {
+    at::Tensor detached = needs_alias(tensor) ? tensor.tensor_data() : tensor;
+    if (frame_.store_recomputed(r_, count_++, detached, extent_)) {
       stopped_ = true;
       throw StopRecompute{};
     }
@@ -122,9 +159,25 @@ class RecomputeCapture final : public HookContext {
  private:
   Frame& frame_;
   Recomputation& r_;
+  const Frame::Extent extent_;
   size_t count_ = 0;
   bool stopped_ = false;
 };
+
+// The GraphExecGroup this thread's backward runs in, or nullptr. Torch
+// versions before GraphExecGroup have no such field: always nullptr there.
+template <typename State>
+auto graph_exec_group_of(const State& state, int) -> decltype(state.get_graph_exec_group(), (const c10::SafePyObject*)nullptr) {
+  const auto& group = state.get_graph_exec_group();
+  return group.has_value() ? &*group : nullptr;
+}
+template <typename State>
+const c10::SafePyObject* graph_exec_group_of(const State&, long) {
+  return nullptr;
+}
+const c10::SafePyObject* current_graph_exec_group() {
+  return graph_exec_group_of(c10::AutogradState::get_tls_state(), 0);
+}
 
 template <typename... Args>
 std::string cat(const Args&... args) {
@@ -238,7 +291,11 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
     slot = alive_.size();
     alive_.push_back(1);
   }
-  last_pack_sequence_nr_ = at::sequence_number::peek();  // See Note [Early stop]
+  // See Note [Early stop].
+  last_pack_sequence_nr_ = at::sequence_number::peek();
+  const torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
+  last_pack_was_output_ = !tensor.requires_grad() ||
+                          (grad_fn != nullptr && grad_fn->sequence_nr() + 1 == last_pack_sequence_nr_);
   return std::make_unique<SlotRef>(shared_from_this(), slot);
 }
 
@@ -259,7 +316,8 @@ std::pair<TensorList, bool> Frame::forward(const TensorList& inputs) {
   num_slots_ = metadata_.size();
   // See Note [Early stop].
   const bool autograd_work_after_last_save = at::sequence_number::peek() != last_pack_sequence_nr_;
-  stop_at_last_slot_ = options_.early_stop && (prefire_device_.has_value() || autograd_work_after_last_save);
+  stop_at_last_slot_ = options_.early_stop &&
+                       (prefire_device_.has_value() || autograd_work_after_last_save || !last_pack_was_output_);
   // Forward-only bookkeeping: its memory goes too, not only its elements.
   forward_uncounted_ = {};
   forward_counted_ = {};
@@ -290,6 +348,7 @@ void Frame::release_slot(size_t slot) noexcept {
     alive_[slot] = 0;
     if (registered_) holders.emplace_back(registered_, &registered_->recomputation);
     for (const auto& [id, r] : graph_tasks_) holders.push_back(r);
+    for (const auto& [group, r] : groups_) holders.push_back(r);
   }
   for (const auto& r : holders) r->drop(slot);
 }
@@ -297,29 +356,66 @@ void Frame::release_slot(size_t slot) noexcept {
 // ---- Frame: backward ------------------------------------------------------------
 
 at::Tensor Frame::unpack(size_t slot) {
-  if (!forward_done_.load(std::memory_order_acquire)) {
-    throw CheckpointError(
-        "prefire::checkpoint: a tensor saved inside a checkpointed function was unpacked before that "
-        "function returned (a backward inside the checkpointed function is not supported); run that "
-        "backward outside the checkpoint");
-  }
+  if (!forward_done_.load(std::memory_order_acquire)) return unpack_in_forward(slot);
   // See Note [Recomputation keys].
   if (std::optional<SessionUnpack> s = session_for_unpack()) {
     SessionCore& session = *s->entry->session;
     Recomputation& r = s->entry->recomputation;
-    std::optional<RecomputeEvent> event = compute_once(r, RecomputeEvent::Kind::kLazy, session.id);
+    std::optional<RecomputeEvent> event = compute_once(r, RecomputeEvent::Kind::kLazy, session.id, full_extent());
     (event ? session.lazy_recomputes : session.hits).fetch_add(1, std::memory_order_relaxed);
     if (event) notify_recompute(*event);
     return take(r, slot, s->retain, session.id);
   }
+  if (const c10::SafePyObject* group = current_graph_exec_group()) {
+    std::shared_ptr<Recomputation> r = recomputation_for(*group);
+    if (auto event = compute_once(*r, RecomputeEvent::Kind::kLazy, std::nullopt, full_extent())) {
+      notify_recompute(*event);
+    }
+    return take(*r, slot, /*retain=*/false, std::nullopt, /*in_group=*/true);
+  }
   const int64_t graph_task = current_graph_task_id();
   if (graph_task < 0) {
     Recomputation r;
-    if (auto event = compute_once(r, RecomputeEvent::Kind::kLazy, std::nullopt)) notify_recompute(*event);
+    if (auto event = compute_once(r, RecomputeEvent::Kind::kLazy, std::nullopt, full_extent())) {
+      notify_recompute(*event);
+    }
     return take(r, slot, /*retain=*/false, std::nullopt);
   }
   std::shared_ptr<Recomputation> r = recomputation_for(graph_task);
-  if (auto event = compute_once(*r, RecomputeEvent::Kind::kLazy, std::nullopt)) notify_recompute(*event);
+  if (auto event = compute_once(*r, RecomputeEvent::Kind::kLazy, std::nullopt, full_extent())) {
+    notify_recompute(*event);
+  }
+  return take(*r, slot, /*retain=*/false, std::nullopt);
+}
+
+// Note [Backward inside the checkpointed function]
+// A function may run a backward of its own inside the checkpoint
+// (torch.autograd.grad of something it computed: gradient penalties, and the
+// nested-gradient tests of torch's checkpoint). That backward unpacks tensors
+// the frame saved while its forward still runs. It gets a recomputation of
+// the part of `fn` that saved them: keyed by its graph task like any lazy
+// recomputation (dropped when that backward ends), filling the slots saved so
+// far and stopping after the last of them, as torch.utils.checkpoint does.
+// The frame's slot count is not final then, so such a recomputation carries
+// its own extent, and it never serves a session (no session can bind a
+// checkpoint before its forward returns). Slots saved after it (the inner
+// backward may itself save tensors, with create_graph) belong to forward and
+// are recomputed by backward's recomputation like any other.
+at::Tensor Frame::unpack_in_forward(size_t slot) {
+  Extent extent;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    extent = Extent{alive_.size(), /*stop_at_last=*/true};
+  }
+  TORCH_INTERNAL_ASSERT(slot < extent.slots, "unpack of slot ", slot, " before it was saved");
+  const int64_t graph_task = current_graph_task_id();
+  if (graph_task < 0) {
+    Recomputation r;
+    if (auto event = compute_once(r, RecomputeEvent::Kind::kLazy, std::nullopt, extent)) notify_recompute(*event);
+    return take(r, slot, /*retain=*/false, std::nullopt);
+  }
+  std::shared_ptr<Recomputation> r = recomputation_for(graph_task);
+  if (auto event = compute_once(*r, RecomputeEvent::Kind::kLazy, std::nullopt, extent)) notify_recompute(*event);
   return take(*r, slot, /*retain=*/false, std::nullopt);
 }
 
@@ -354,6 +450,15 @@ std::shared_ptr<Recomputation> Frame::recomputation_for(int64_t graph_task) {
   return fresh;
 }
 
+std::shared_ptr<Recomputation> Frame::recomputation_for(const c10::SafePyObject& group) {
+  PyObject* const key = group.ptr(&group.pyinterpreter());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [held, r] : groups_) {
+    if (held.ptr(&held.pyinterpreter()) == key) return r;
+  }
+  return groups_.emplace_back(group, std::make_shared<Recomputation>()).second;
+}
+
 void Frame::drop(int64_t graph_task) noexcept {
   std::shared_ptr<Recomputation> dropped;  // released after the lock
   std::lock_guard<std::mutex> lock(mu_);
@@ -364,15 +469,23 @@ void Frame::drop(int64_t graph_task) noexcept {
   graph_tasks_.erase(it);
 }
 
-at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session) {
-  TORCH_INTERNAL_ASSERT(slot < num_slots_, "slot ", slot, " out of range ", num_slots_);
-  std::optional<at::Tensor> t = r.take(slot, retain);
+at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session, bool in_group) {
+  TORCH_INTERNAL_ASSERT(slot < r.num_slots(), "slot ", slot, " out of range ", r.num_slots());
+  // A session's last pass lets go when it ends; see Note [The last pass lets go when it ends] in session.h.
+  std::optional<at::Tensor> t = session && !retain ? r.take_for_pass(slot) : r.take(slot, retain);
   if (!t) {
     if (session) {
       throw CheckpointError(cat(
           "prefire: saved tensor ", slot, " of a checkpoint in session ", *session,
           " was unpacked again after an unpack released it (retain_on_unpack=false). Open the SessionScope of "
           "every pass but the last with retain_on_unpack=true"));
+    }
+    if (in_group) {
+      throw CheckpointError(cat(
+          "prefire::checkpoint: saved tensor ", slot, " of a checkpoint was unpacked a second time inside one "
+          "torch.utils.checkpoint.GraphExecGroup: performing two backward calls that overlap (that need the same "
+          "saved tensor) is not allowed in one group. Run them in separate groups, or share the recomputation "
+          "through a prefire session"));
     }
     throw CheckpointError(cat(
         "prefire::checkpoint: saved tensor ", slot, " of a checkpoint was unpacked a second time in this backward; "
@@ -410,6 +523,16 @@ void Frame::unregister_from(const SessionCore& session) noexcept {
   dropped = std::move(registered_);
 }
 
+void Frame::end_pass(const SessionCore& session) noexcept {
+  std::shared_ptr<SessionEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!registered_ || registered_->session.get() != &session) return;
+    entry = registered_;
+  }
+  entry->recomputation.end_pass();
+}
+
 void Frame::bind(bool bound) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   bound_.store(bound && registered_ != nullptr, std::memory_order_release);
@@ -417,7 +540,7 @@ void Frame::bind(bool bound) noexcept {
 
 bool Frame::prefire(SessionEntry& entry) {
   std::optional<RecomputeEvent> event =
-      compute_once(entry.recomputation, RecomputeEvent::Kind::kPrefire, entry.session->id);
+      compute_once(entry.recomputation, RecomputeEvent::Kind::kPrefire, entry.session->id, full_extent());
   if (!event) return false;
   entry.session->prefires.fetch_add(1, std::memory_order_relaxed);
   notify_recompute(*event);
@@ -438,27 +561,20 @@ TensorList Frame::recompute_inputs() const {
           " now); recomputing from it would give wrong gradients. Modify a clone instead, or modify it "
           "only after backward"));
     }
-    at::Tensor input = saved_inputs_[i].unpack();
-    if (!input.defined()) {
-      args.push_back(input);
-      continue;
-    }
-    // The recomputation builds a graph of its own from detached inputs, with
-    // the same requires_grad as forward so that ops save the same tensors.
-    at::Tensor arg = input.tensor_data();  // See Note [Aliases of recomputed tensors]
-    if (input.requires_grad()) arg.requires_grad_(true);
-    args.push_back(std::move(arg));
+    // See Note [Recomputation inputs are forward's tensors].
+    args.push_back(saved_inputs_[i].unpack());
   }
   return args;
 }
 
-bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& tensor) {
+bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& tensor, const Extent& extent) {
   const bool check = options_.determinism_check != DeterminismCheck::kNone;
-  if (index >= num_slots_) {
+  if (index >= extent.slots) {
+    if (options_.early_stop) return true;  // See Note [Early stop]: nothing after forward's count is unpacked
     if (check) {
       throw CheckpointError(cat(
           "prefire::checkpoint: the recomputation saved more tensors than forward did (forward saved ",
-          num_slots_, "; recompute is saving tensor ", index + 1,
+          extent.slots, "; recompute is saving tensor ", index + 1,
           "): the checkpointed function does not do the same work when called again"));
     }
     return false;  // nothing to store it as
@@ -466,7 +582,7 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
   if (check) {
     if (!metadata_[index].matches(tensor)) {
       throw CheckpointError(cat(
-          "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", num_slots_,
+          "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", extent.slots,
           ") differs between forward and recomputation: forward ", metadata_[index].to_string(),
           ", recompute ", SlotMetadata::of(tensor).to_string(),
           ". The checkpointed function is not deterministic in its shapes, dtypes or devices; make it so, "
@@ -476,7 +592,7 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
       uint64_t recomputed_sum = tensor_checksum(tensor);
       if (recomputed_sum != *metadata_[index].checksum) {
         throw CheckpointError(cat(
-            "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", num_slots_,
+            "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", extent.slots,
             ") has other values in the recomputation than in forward: checksum 0x", std::hex,
             *metadata_[index].checksum, " at forward, 0x", recomputed_sum, std::dec, " at recompute, ",
             metadata_[index].to_string(),
@@ -495,27 +611,28 @@ bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& t
     // before the store, or drops after this check.
     if (!alive()) r.drop(index);
   }
-  return stop_at_last_slot_ && index + 1 == num_slots_;
+  return extent.stop_at_last && index + 1 == extent.slots;
 }
 
 std::optional<RecomputeEvent> Frame::compute_once(Recomputation& r, RecomputeEvent::Kind kind,
-                                                  std::optional<SessionId> session) {
+                                                  std::optional<SessionId> session, const Extent& extent) {
   if (r.done()) return std::nullopt;
   // Taken before the single flight is claimed; see Note [Recomputations that
   // restore generators] in state_capture.h.
   std::unique_lock<std::recursive_mutex> generators;
   if (state_.rng) generators = lock_generators();
   std::optional<RecomputeEvent> event;
-  r.ensure([&] { event = recompute(r, kind, session); });
+  r.ensure([&] { event = recompute(r, kind, session, extent); });
   return event;
 }
 
-RecomputeEvent Frame::recompute(Recomputation& r, RecomputeEvent::Kind kind, std::optional<SessionId> session) {
+RecomputeEvent Frame::recompute(Recomputation& r, RecomputeEvent::Kind kind, std::optional<SessionId> session,
+                                const Extent& extent) {
   const bool prefiring = kind == RecomputeEvent::Kind::kPrefire;
   PREFIRE_NVTX_RANGE(prefiring ? "prefire::recompute(prefire)" : "prefire::recompute(lazy)", session.value_or(-1));
   const auto begin = std::chrono::steady_clock::now();
-  r.reset(num_slots_);
-  RecomputeCapture capture(*this, r);
+  r.reset(extent.slots);
+  RecomputeCapture capture(*this, r, extent);
   {
     RecomputeDepthGuard depth;
     TensorList args = recompute_inputs();
@@ -538,11 +655,11 @@ RecomputeEvent Frame::recompute(Recomputation& r, RecomputeEvent::Kind kind, std
     if (run) r.set_ready(run->finish());
   }
   count_recomputation();
-  if (!capture.stopped() && capture.count() < num_slots_ &&
+  if (!capture.stopped() && capture.count() < extent.slots &&
       options_.determinism_check != DeterminismCheck::kNone) {
     throw CheckpointError(cat(
         "prefire::checkpoint: the recomputation saved fewer tensors than forward did (forward saved ",
-        num_slots_, ", recompute ", capture.count(),
+        extent.slots, ", recompute ", capture.count(),
         "): the checkpointed function does not do the same work when called again"));
   }
   return RecomputeEvent{kind, session.value_or(-1), begin, std::chrono::steady_clock::now()};

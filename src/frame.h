@@ -12,6 +12,7 @@
 #include "session_entry.h"
 #include "state_capture.h"
 
+#include <c10/core/SafePyObject.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
@@ -98,14 +99,24 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   void unregister_from(const SessionCore& session) noexcept;
   /// Whether unpacks are served from the registered session (a scope of it is open).
   void bind(bool bound) noexcept;
+  /// A pass of `session` with retain_on_unpack=false ended: releases what it
+  /// handed out (no-op when registered elsewhere or nowhere).
+  void end_pass(const SessionCore& session) noexcept;
   /// Recomputes into `entry` now, as a prefire, unless it is done; returns
   /// whether this call recomputed.
   bool prefire(SessionEntry& entry);
 
-  /// Called from the recomputation's pack hook with a detached alias of the
-  /// tensor recompute saved as slot `index`: checks and stores it. Returns
-  /// whether recomputation may stop.
-  bool store_recomputed(Recomputation& r, size_t index, const at::Tensor& tensor);
+  /// How much of `fn` one recomputation redoes: the slots it fills, and
+  /// whether it stops once the last of them is saved (Note [Early stop]).
+  struct Extent {
+    size_t slots = 0;
+    bool stop_at_last = false;
+  };
+
+  /// Called from the recomputation's pack hook with the tensor recompute
+  /// saved as slot `index` (an alias; see Note [Aliases of recomputed
+  /// tensors]): checks and stores it. Returns whether recomputation may stop.
+  bool store_recomputed(Recomputation& r, size_t index, const at::Tensor& tensor, const Extent& extent);
 
  private:
   struct SessionUnpack {
@@ -113,15 +124,22 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
     bool retain = false;
   };
   std::optional<SessionUnpack> session_for_unpack() const;
+  /// The recomputation of every slot, once forward is done.
+  Extent full_extent() const { return {num_slots_, stop_at_last_slot_}; }
+  /// An unpack while forward still runs; see Note [Backward inside the checkpointed function].
+  at::Tensor unpack_in_forward(size_t slot);
   std::shared_ptr<Recomputation> recomputation_for(int64_t graph_task);
+  std::shared_ptr<Recomputation> recomputation_for(const c10::SafePyObject& group);
   void drop(int64_t graph_task) noexcept;
   /// Runs the recomputation of `r` unless it is done; returns the observer's
   /// event when this call ran it. See Note [Single-flight recomputation].
   std::optional<RecomputeEvent> compute_once(Recomputation& r, RecomputeEvent::Kind kind,
-                                             std::optional<SessionId> session);
-  RecomputeEvent recompute(Recomputation& r, RecomputeEvent::Kind kind, std::optional<SessionId> session);
+                                             std::optional<SessionId> session, const Extent& extent);
+  RecomputeEvent recompute(Recomputation& r, RecomputeEvent::Kind kind, std::optional<SessionId> session,
+                           const Extent& extent);
   TensorList recompute_inputs() const;
-  at::Tensor take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session);
+  at::Tensor take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session,
+                  bool in_group = false);
 
   const CheckpointFn fn_;
   const CheckpointOptions options_;
@@ -141,6 +159,7 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   int64_t expected_bytes_ = 0;
   bool stop_at_last_slot_ = false;  // See Note [Early stop] in frame.cpp
   uint64_t last_pack_sequence_nr_ = 0;
+  bool last_pack_was_output_ = false;  // the last save came after its op's kernel; Note [Early stop]
   std::vector<std::weak_ptr<Frame>> nested_;  // checkpoints created inside the forward run
   // Forward only: storages that do not count (inputs) and storages counted,
   // pinned so that their addresses stay unique until the forward ends.
@@ -152,6 +171,10 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   mutable std::mutex mu_;  // guards the fields below; never held while anything is recomputed
   c10::SmallVector<uint8_t, 8> alive_;  // by slot: autograd still holds it
   std::vector<std::pair<int64_t, std::shared_ptr<Recomputation>>> graph_tasks_;
+  // torch.utils.checkpoint.GraphExecGroup objects (held, so that an address
+  // is never reused for another group while keyed here) and their
+  // recomputations; see Note [Recomputation keys].
+  std::vector<std::pair<c10::SafePyObject, std::shared_ptr<Recomputation>>> groups_;
   std::shared_ptr<SessionEntry> registered_;
 };
 

@@ -125,6 +125,7 @@ void Recomputation::reset(size_t num_slots) {
   ready_.reset();
   tensors_.assign(num_slots, at::Tensor());
   consumed_.assign(num_slots, 0);
+  taken_.assign(num_slots, 0);
   counted_.assign(num_slots, 0);
 }
 
@@ -153,6 +154,23 @@ std::optional<at::Tensor> Recomputation::take(size_t slot, bool retain) {
   release(slot);
   consumed_[slot] = 1;
   return t;
+}
+
+std::optional<at::Tensor> Recomputation::take_for_pass(size_t slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (consumed_.at(slot)) return std::nullopt;
+  taken_[slot] = 1;
+  return tensors_[slot];
+}
+
+void Recomputation::end_pass() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t slot = 0; slot < taken_.size(); ++slot) {
+    if (!taken_[slot]) continue;
+    release(slot);
+    consumed_[slot] = 1;
+    taken_[slot] = 0;
+  }
 }
 
 void Recomputation::drop(size_t slot) noexcept {

@@ -94,6 +94,14 @@ class Recomputation {
   /// and the slot marked consumed. std::nullopt when the slot was consumed
   /// already; an undefined tensor when it was never stored.
   std::optional<at::Tensor> take(size_t slot, bool retain);
+  /// Hands out `slot` to a session pass that lets go when it ends (a scope
+  /// with retain_on_unpack=false): a copy, kept until end_pass() or drop().
+  /// See Note [The last pass lets go when it ends] in session.h.
+  std::optional<at::Tensor> take_for_pass(size_t slot);
+  /// Releases, for good, every slot take_for_pass() handed out.
+  void end_pass() noexcept;
+  /// Slots this computation was reset to hold.
+  size_t num_slots() const { return tensors_.size(); }
   /// Set when a prefire ran on a device's prefire stream: unpacks wait on it.
   const std::shared_ptr<ReadyEvent>& ready() const { return ready_; }
 
@@ -109,6 +117,7 @@ class Recomputation {
 
   std::vector<at::Tensor> tensors_;  // by slot
   std::vector<uint8_t> consumed_;    // by slot
+  std::vector<uint8_t> taken_;       // by slot: handed out by take_for_pass() since the last end_pass()
   std::vector<uint8_t> counted_;     // by slot
   ska::flat_hash_map<const c10::StorageImpl*, int> storages_;  // counted storages -> slots holding them
   const std::shared_ptr<ByteGauge> owner_;

@@ -185,8 +185,13 @@ SessionScope::~SessionScope() {
   }
   {
     std::lock_guard<std::mutex> lock(session_->mu);
+    // See Note [The last pass lets go when it ends].
+    const bool last_pass = !session_->core->retain_on_unpack.load(std::memory_order_acquire);
     for (const auto& weak : session_->frames) {
-      if (auto frame = weak.lock()) frame->bind(false);
+      if (auto frame = weak.lock()) {
+        frame->bind(false);
+        if (last_pass) frame->end_pass(*session_->core);
+      }
     }
     session_->scope_open = false;
   }

@@ -30,6 +30,20 @@
 // session ended meanwhile ("retired"), so nothing registers to a session
 // nobody can find.
 //
+// Note [The last pass lets go when it ends]
+// A scope with retain_on_unpack=false is a session's last pass (W after B).
+// What it hands out stays in the session until autograd releases the saved
+// tensor that refers to it (right after the node that unpacked it ran, in a
+// backward without retain_graph) or the scope closes, whichever comes first;
+// then it is gone for good, and a later pass that unpacks it gets a
+// CheckpointError. Not released at the unpack itself: one pass may unpack a
+// saved tensor more than once. torch.utils.checkpoint nested inside a prefire
+// checkpoint recomputes once per graph task from its saved inputs, which the
+// prefire checkpoint holds, and torch's split W pass
+// (stage_backward_weight) runs one graph task per weight group; a pass that
+// released at the first unpack would fail that torch checkpoint's second
+// recomputation.
+//
 // Note [Session budgets]
 // A prefire is admitted when the session's current bytes, plus the bytes
 // charged to prefires still running, plus the forward bytes of what it would

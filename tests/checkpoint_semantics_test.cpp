@@ -60,25 +60,67 @@ TEST(CheckpointSemantics, EarlyStopSignalIsNotAStdException) {
 }
 
 // See Note [Early stop]: where the code after the last save creates no
-// autograd node, no stop is signalled and it runs again, however long it
-// takes (the rule does not depend on timing). Counts its runs.
+// autograd node and the last save is an output (its kernel ran), no stop is
+// signalled and it runs again, however long it takes (the rule does not
+// depend on timing). Counts its runs.
 int runs_of_tail_without_autograd_work(std::chrono::microseconds tail) {
   int after_last_save = 0;
   CheckpointFn fn = [&](const TensorList& in) {
-    auto b = in[0].sin().cos();  // saves in[0], then the sine: the last save
+    auto b = in[0].sin().exp();  // saves in[0], then exp's result: the last save, after its kernel
     ++after_last_save;
     if (tail.count() > 0) std::this_thread::sleep_for(tail);
     return TensorList{b};
   };
   auto x = input();
   auto y = checkpoint(fn, {x})[0];
-  expect_all_equal(grads(y, {x}), grads(x.sin().cos(), {x}));
+  expect_all_equal(grads(y, {x}), grads(x.sin().exp(), {x}));
   return after_last_save;
+}
+
+// Where the last save is an input of an op whose kernel has not run yet (a
+// linear layer saves its input and weight before the GEMM), the
+// recomputation stops there, and the kernel does not run again.
+TEST(CheckpointSemantics, EarlyStopSkipsTheKernelOfALastOpThatSavedItsInputs) {
+  int after_last_op = 0;
+  auto w = at::randn({4, 4}).requires_grad_(true);
+  CheckpointFn fn = [&](const TensorList& in) {
+    auto out = at::mm(in[0].sin(), w);  // mm saves both inputs before its kernel: the last saves
+    ++after_last_op;
+    return TensorList{out};
+  };
+  auto x = at::randn({4, 4}).requires_grad_(true);
+  auto y = checkpoint(fn, {x})[0];
+  expect_all_equal(grads(y, {x, w}), grads(at::mm(x.sin(), w), {x, w}));
+  EXPECT_EQ(after_last_op, 1) << "the recomputation ran the last op's kernel again";
 }
 
 TEST(CheckpointSemantics, TailWithoutAutogradWorkRunsAgainInsteadOfBeingStopped) {
   EXPECT_EQ(runs_of_tail_without_autograd_work(std::chrono::microseconds(0)), 2);
   EXPECT_EQ(runs_of_tail_without_autograd_work(std::chrono::milliseconds(2)), 2);
+}
+
+// See Note [Backward inside the checkpointed function]: a backward run inside
+// `fn` unpacks what the frame saved so far; it gets a recomputation of that
+// part, and backward of the whole checkpoint recomputes as usual.
+TEST(CheckpointSemantics, BackwardInsideTheCheckpointedFunction) {
+  int runs = 0;
+  CheckpointFn fn = [&](const TensorList& in) {
+    ++runs;
+    auto a = in[0].sin().exp();
+    auto inner = torch::autograd::grad({a.sum()}, {in[0]}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    return TensorList{(a * inner).cos()};
+  };
+  auto unchecked = [](const at::Tensor& x) {
+    auto a = x.sin().exp();
+    auto inner = torch::autograd::grad({a.sum()}, {x}, {}, true, true)[0];
+    return (a * inner).cos();
+  };
+  auto x = input();
+  auto expected = grads(unchecked(x), {x});
+  auto y = checkpoint(fn, {x})[0];
+  EXPECT_EQ(runs, 2) << "forward and the inner backward's recomputation of the part saved so far";
+  expect_all_equal(grads(y, {x}), expected);
+  EXPECT_EQ(runs, 3);
 }
 
 // ---- RNG --------------------------------------------------------------------------

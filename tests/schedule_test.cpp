@@ -196,6 +196,31 @@ TEST(Schedule, RetainFalseReleasesEachTensorAtItsFirstUnpack) {
   clear_session(30);
 }
 
+// See Note [The last pass lets go when it ends]: one pass may unpack a saved
+// tensor more than once (two graph tasks over a retained graph here; in
+// Python, torch's checkpoint nested in prefire's does it once per weight
+// group of W), and lets go of everything when its scope closes.
+TEST(Schedule, RetainFalsePassMayUnpackTwiceAndLetsGoWhenItEnds) {
+  Stage stage(2, 0.0);
+  auto ref = reference(stage, 35);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 35, &handles);
+  for (const auto& h : handles) prefire(h, 35);
+  TensorList first, second;
+  {
+    SessionScope s(35, {false});
+    first = torch::autograd::grad({mb.y}, stage.params(), {mb.gy}, /*retain_graph=*/true);
+    second = torch::autograd::grad({mb.y}, stage.params(), {mb.gy}, /*retain_graph=*/true);
+    EXPECT_GT(session_stats(35).current_bytes, 0) << "released within the pass although the graph is kept";
+  }
+  expect_all_equal(first, ref.second);
+  expect_all_equal(second, ref.second);
+  EXPECT_EQ(session_stats(35).current_bytes, 0) << "the last pass kept tensors after its scope closed";
+  EXPECT_EQ(session_stats(35).prefires, 2);
+  EXPECT_EQ(session_stats(35).lazy_recomputes, 0);
+  clear_session(35);
+}
+
 TEST(Schedule, RetainTrueKeepsTensorsUntilClearAndClearIsIdempotent) {
   Stage stage(2, 0.0);
   auto ref = reference(stage, 31);
