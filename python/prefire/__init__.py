@@ -16,8 +16,18 @@ from __future__ import annotations
 
 import torch  # loads libtorch before the extension module
 
-from . import _C, cuda
-from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpoint_wrapper
+from . import _build
+
+if torch.__version__ != _build.TORCH_VERSION:
+    # Checked before the extension module loads: against another torch it
+    # would fail to link, or link and crash.
+    raise ImportError(
+        f"prefire was built against torch {_build.TORCH_VERSION}, but this process imports torch "
+        f"{torch.__version__} ({torch.__file__}). Rebuild prefire in this environment (pip install "
+        f"--no-build-isolation <prefire>), or use the torch it was built for")
+
+from . import _C, cuda  # noqa: E402
+from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpoint_sequential, checkpoint_wrapper
 from ._schedule import (
     CheckpointHandle,
     PrefireStatus,
@@ -44,6 +54,7 @@ __all__ = [
     "SessionStats",
     "attach",
     "checkpoint",
+    "checkpoint_sequential",
     "checkpoint_wrapper",
     "clear_session",
     "collect",

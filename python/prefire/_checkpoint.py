@@ -1,17 +1,99 @@
 """prefire.checkpoint: torch.utils.checkpoint's non-reentrant calling convention
-over prefire's C++ checkpoint."""
+over prefire's C++ checkpoint, and torch's checkpoint_wrapper over it."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, ContextManager, Optional, Tuple
 
 import torch
+import torch.utils.checkpoint as torch_checkpoint
+from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
 from torch.utils import _pytree as pytree
 
 from . import _C
 
 #: Raised for checkpoint misuse; a torch.utils.checkpoint.CheckpointError.
 CheckpointError = _C.CheckpointError
+
+# Note [prefire.checkpoint inside torch.compile]
+# Dynamo cannot trace into prefire's C++ runtime: it would break the graph
+# there and run the checkpoint eagerly, with `function` compiled by the
+# enclosing torch.compile in forward but run eagerly by the recomputation in
+# backward (outside any compiled region). The two save different tensors
+# (AOTAutograd's compiled forward saves what its partitioner chose), and the
+# recomputation would fail or, without the determinism check, hand backward
+# the wrong tensors. So inside a region dynamo traces, prefire.checkpoint is
+# torch.utils.checkpoint(use_reentrant=False): dynamo turns that into its
+# checkpoint higher-order op, and the partitioner recomputes the region
+# inside the compiled backward (fused, and exactly what torch's checkpoint
+# gives under compile). prefire's sessions and prefire() do not reach into a
+# compiled graph: the compiled backward is one autograd node that recomputes
+# what it needs itself. A warning says so once per process, at trace time
+# (torch.compiler.assume_constant_result runs the warning while dynamo
+# traces, so it costs no graph break).
+#
+# To keep prefire's scheduling for a compiled block, compile inside the
+# checkpoint: prefire.checkpoint(torch.compile(block), x), or
+# prefire.checkpoint_wrapper(torch.compile(block)). Forward and recomputation
+# then run the same compiled code and save the same tensors (tested bit-equal
+# with aot_eager).
+
+_warned = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+@torch.compiler.assume_constant_result
+def _warn_compiled_region() -> bool:
+    _warn_once(
+        "compile",
+        "prefire.checkpoint inside torch.compile runs torch.utils.checkpoint(use_reentrant=False): the compiled "
+        "backward recomputes the region itself, and prefire's sessions and prefire() do not apply to it. To keep "
+        "them, compile inside the checkpoint (prefire.checkpoint(torch.compile(block), ...)). See Note "
+        "[prefire.checkpoint inside torch.compile]",
+    )
+    return True
+
+
+_TORCH_DETERMINISM = {"default": "default", "metadata": "default", "checksum": "default", "none": "none"}
+
+
+def _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determinism_check, debug, early_stop,
+                                   preserve_rng_state):
+    _warn_compiled_region()
+    if determinism_check not in _TORCH_DETERMINISM:
+        raise ValueError(f"prefire.checkpoint: determinism_check must be 'default', 'none', 'metadata' or "
+                         f"'checksum', got {determinism_check!r}")
+    if context_fn is not None:  # dynamo takes context_fn only as given (selective checkpointing's), never as None
+        kwargs = dict(kwargs, context_fn=context_fn)
+    return torch_checkpoint.checkpoint(
+        function, *args, use_reentrant=False, determinism_check=_TORCH_DETERMINISM[determinism_check], debug=debug,
+        early_stop=early_stop, preserve_rng_state=preserve_rng_state, **kwargs)
+
+
+def _has_dispatch(cls: type) -> bool:
+    return getattr(cls, "__torch_dispatch__", None) is not torch._C._disabled_torch_dispatch_impl
+
+
+def _as_forward_type(t: torch.Tensor, cls: type) -> torch.Tensor:
+    """The recomputation's input `t` with the type forward saw. A top-level
+    checkpoint recomputes from forward's own tensors (Note [Recomputation
+    inputs are forward's tensors] in src/frame.cpp); a nested one from its
+    parent's recomputation, whose saved tensors are plain aliases: a
+    __torch_function__ subclass gets its type back (as torch.utils.checkpoint
+    gives it: the type, not the instance's attributes)."""
+    if type(t) is cls or not isinstance(t, torch.Tensor) or issubclass(cls, torch.nn.Parameter):
+        return t
+    if _has_dispatch(cls):  # a wrapper subclass (DTensor) keeps its type through aliases; never rebuilt here
+        raise CheckpointError(
+            f"prefire.checkpoint: an input was a {cls.__name__} in forward and is a {type(t).__name__} in the "
+            f"recomputation; prefire cannot rebuild a __torch_dispatch__ subclass")
+    return t.as_subclass(cls)
 
 
 def checkpoint(
@@ -33,17 +115,26 @@ def checkpoint(
     tensors anywhere in nested lists, tuples and dicts of them, non-tensor
     arguments, and any nested structure of outputs (non-tensor outputs are
     returned as forward computed them). Gradients equal those of
-    ``function`` run unchecked.
+    ``function`` run unchecked. The recomputation sees the input objects
+    forward saw (their tensor subclass, their attributes).
+
+    Inside a region ``torch.compile`` traces, this is
+    ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` (a warning says
+    so once; see Note [prefire.checkpoint inside torch.compile]).
 
     Args:
-        use_reentrant: ``None`` or ``False``; prefire has no reentrant variant.
+        use_reentrant: ``None`` or ``False``. prefire has no reentrant variant:
+            ``True`` runs prefire's non-reentrant checkpoint and warns once
+            (its gradients are those of torch's ``use_reentrant=False``).
         context_fn: returns two context managers; the first wraps the forward
             run, the second every recomputation.
         determinism_check: ``"default"`` (shape, dtype and device of every
             saved tensor), ``"none"``, ``"metadata"`` or ``"checksum"`` (also
             the bytes; a debugging mode).
         debug: must be ``False`` (torch's debug traces are not supported).
-        early_stop: stop a recomputation once every saved tensor is back.
+        early_stop: stop a recomputation once every saved tensor is back;
+            ``torch.utils.checkpoint.set_checkpoint_early_stop`` around the
+            forward overrides it, as it does torch's.
         preserve_rng_state: restore the CPU and CUDA generators of forward for
             the recomputation.
 
@@ -51,20 +142,35 @@ def checkpoint(
         CheckpointError: a recomputation that does not match forward, a saved
             tensor modified in place, and other misuse torch reports so.
     """
+    if torch.compiler.is_compiling():
+        return _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determinism_check, debug,
+                                              early_stop, preserve_rng_state)
     if use_reentrant:
-        raise ValueError("prefire.checkpoint is non-reentrant: pass use_reentrant=False (or leave it unset)")
+        _warn_once(
+            "reentrant",
+            "prefire.checkpoint(use_reentrant=True): prefire has no reentrant checkpoint; running its non-reentrant "
+            "one (the gradients of torch's use_reentrant=False). Pass use_reentrant=False, or leave it unset, to "
+            "silence this")
     if debug:
         raise ValueError("prefire.checkpoint: debug=True is not supported")
+    forced = torch_checkpoint._enable_checkpoint_early_stop  # set_checkpoint_early_stop wins, as in torch
+    if forced is not None:
+        early_stop = forced
+    types = None  # forward's input types, when some input is not a plain tensor
     if not kwargs and all(type(a) is torch.Tensor for a in args):
         leaves, spec, where = list(args), None, range(len(args))
     else:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        if any(type(leaves[i]) is not torch.Tensor for i in where):
+            types = [type(leaves[i]) for i in where]
     # Forward's output structure. Cleared once read: the function below lives
     # as long as the checkpoint, and must not keep forward's outputs alive.
     forward: dict = {}
 
     def run(tensors):
+        if types is not None:
+            tensors = [_as_forward_type(t, cls) for t, cls in zip(tensors, types)]
         if spec is None:
             out = function(*tensors)
         else:
@@ -93,20 +199,46 @@ def checkpoint(
     return pytree.tree_unflatten(flat, out_spec)
 
 
-class CheckpointWrapper(torch.nn.Module):
-    """Runs the wrapped module's forward under :func:`checkpoint`."""
+def checkpoint_sequential(functions, segments: int, input: torch.Tensor, use_reentrant: Optional[bool] = None,
+                          **kwargs: Any) -> torch.Tensor:
+    """``torch.utils.checkpoint.checkpoint_sequential`` over :func:`checkpoint`:
+    runs ``functions`` (an ``nn.Sequential`` or a list of modules or
+    functions, each taking and returning one tensor) on ``input`` in
+    ``segments`` chunks, checkpointing every chunk but the last (which backward
+    needs at once). ``kwargs`` go to every :func:`checkpoint` call."""
+    if isinstance(functions, torch.nn.Sequential):
+        functions = list(functions.children())
+    if segments < 1:
+        raise ValueError(f"prefire.checkpoint_sequential: segments must be >= 1, got {segments}")
+
+    def run(chunk):
+        def forward(x):
+            for f in chunk:
+                x = f(x)
+            return x
+        return forward
+
+    size = len(functions) // segments
+    starts = range(0, size * (segments - 1), size) if size > 0 else range(0)
+    for start in starts:
+        input = checkpoint(run(functions[start:start + size]), input, use_reentrant=use_reentrant, **kwargs)
+    return run(functions[size * (segments - 1) if size > 0 else 0:])(input)
+
+
+class CheckpointWrapper(torch_wrapper.CheckpointWrapper):
+    """torch's ``CheckpointWrapper`` with :func:`checkpoint` as its
+    checkpoint function: ``state_dict`` keys without the wrapper's prefix
+    (a checkpoint saved with or without the wrapper loads into either),
+    attribute lookups forwarded to the wrapped module, and recognised as a
+    checkpoint wrapper by distributed checkpointing and FSDP."""
 
     def __init__(self, module: torch.nn.Module, **checkpoint_kwargs: Any) -> None:
-        super().__init__()
-        self._checkpoint_wrapped_module = module
-        self._checkpoint_kwargs = checkpoint_kwargs
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return checkpoint(self._checkpoint_wrapped_module, *args, **self._checkpoint_kwargs, **kwargs)
+        super().__init__(module, torch_wrapper.CheckpointImpl.NO_REENTRANT, checkpoint, **checkpoint_kwargs)
 
 
 def checkpoint_wrapper(module: torch.nn.Module, **checkpoint_kwargs: Any) -> CheckpointWrapper:
     """Wraps ``module`` so that its forward is checkpointed, like
     ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``;
-    ``checkpoint_kwargs`` go to every :func:`checkpoint` call."""
+    ``checkpoint_kwargs`` go to every :func:`checkpoint` call. Also usable as
+    ``apply_activation_checkpointing``'s ``checkpoint_wrapper_fn``."""
     return CheckpointWrapper(module, **checkpoint_kwargs)
