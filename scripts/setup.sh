@@ -7,6 +7,8 @@
 #     $PREFIRE_VENV, default ~/.cache/prefire/venv
 #   * pytest, scikit-build-core, numpy and matplotlib in that venv (the Python
 #     package's tests and wheel, torch.distributed's object messages, the pipeline plot)
+#   * transformers (pinned; pure Python over its own wheels, never a second
+#     torch) for the tests of prefire.integrations.transformers
 #   * Debian packages: GoogleTest, GoogleMock, Google Benchmark, CLI11, nlohmann-json, Ninja, ccache
 #
 # Sourced or executed; prints the venv's python path on stdout as its last line
@@ -55,6 +57,17 @@ if ! "$VENV/bin/python" -c "import pytest, scikit_build_core, numpy, matplotlib"
   log "installing pytest, scikit-build-core, numpy and matplotlib into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check pytest scikit-build-core numpy matplotlib 2>&1 |
     grep -v "^WARNING: Location .* is ignored" >&2 || true
+fi
+
+# Hugging Face transformers, a tested client (tests/python/test_transformers.py).
+# It does not depend on torch; --no-deps on torch is not needed, but the
+# check below makes sure the torch of the venv is still the pinned one.
+TRANSFORMERS_VERSION="${PREFIRE_TRANSFORMERS_VERSION:-5.24.0}"
+if ! "$VENV/bin/python" -c "import transformers,sys; sys.exit(0 if transformers.__version__=='$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
+  log "installing transformers==$TRANSFORMERS_VERSION into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" 2>&1 |
+    grep -v "^WARNING: Location .* is ignored" >&2 || true
+  have_torch || { log "installing transformers changed torch in $VENV"; exit 1; }
 fi
 
 if [ "${1:-}" = "--print-python" ]; then echo "$VENV/bin/python"; fi
