@@ -1,0 +1,38 @@
+"""The package and the torch it was built against: the wheel's metadata
+depends on exactly that torch release, and importing prefire under another
+torch raises ImportError naming both (before the extension module loads,
+which would fail to link or crash)."""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_wheel_depends_on_the_torch_release_it_is_built_against():
+    build = pytest.importorskip("scikit_build_core.build")
+    with tempfile.TemporaryDirectory() as out:
+        cwd = os.getcwd()
+        os.chdir(ROOT)
+        try:
+            info = build.prepare_metadata_for_build_wheel(out)
+        finally:
+            os.chdir(cwd)
+        with open(os.path.join(out, info, "METADATA")) as f:
+            requires = [line.split(":", 1)[1].strip() for line in f if line.startswith("Requires-Dist:")]
+    assert requires == ["torch==" + torch.__version__.split("+")[0]]
+
+
+def test_import_under_another_torch_raises_a_clear_error():
+    code = "import torch; torch.__version__ = '2.0.0+other'; import prefire"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=dict(os.environ), timeout=120)
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr
+    assert "prefire was built against torch " + torch.__version__ in result.stderr
+    assert "imports torch 2.0.0+other" in result.stderr
