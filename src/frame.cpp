@@ -62,17 +62,19 @@ namespace {
 // it (only a catch (...) that does not rethrow can).
 //
 // The signal is not free: unwinding through the dispatcher and autograd costs
-// ~15 us on a 2-core x86 machine. So forward notes whether a stop would cut
-// any work: whether it created an autograd node after the one that saved the
-// last tensor (at::sequence_number, per thread), and whether that last save
-// came before its op's kernel ran (an op saves its inputs when it builds its
-// node, before the kernel, and its outputs after; a saved tensor that needs a
-// gradient and is not an output of the newest node is taken for an input,
-// one that needs none, a mask or indices, for an output). When it created no
-// node after, and the last save was an output, the rest of the function
-// builds nothing backward needs and computes nothing it saves, and the
-// recomputation runs to its end instead of being stopped; otherwise it stops,
-// so a block ending in a linear layer does not run that layer's GEMM again.
+// ~15 us on a 2-core x86 machine (~70k instructions). So forward notes
+// whether a stop would cut enough work: whether it created an autograd node
+// after the one that saved the last tensor (at::sequence_number, per thread),
+// and whether that last save came before its op's kernel ran (an op saves its
+// inputs when it builds its node, before the kernel, and its outputs after; a
+// saved tensor that needs a gradient and is not an output of the newest node
+// is taken for an input, one that needs none, a mask or indices, for an
+// output) on inputs of at least kStopBeforeKernelElements elements. It stops
+// when either holds: a block ending in a linear layer does not run that
+// layer's GEMM again. When neither does, the rest of the function is at most
+// one small kernel and work that builds nothing backward needs, cheaper than
+// the stop, and the recomputation runs to its end. (torch.utils.checkpoint
+// always stops; the result is the same either way.)
 // A recomputation that saves more tensors than forward did, with early stop
 // on, stops at forward's count like torch.utils.checkpoint does (what follows
 // would not be unpacked). The rule is
@@ -132,6 +134,11 @@ class KeptTensor final : public PackedTensor {
 // forward's graph; nothing runs them, and they go with the recomputation's
 // throw-away graph. torch.utils.checkpoint recomputes from its saved inputs
 // the same way.
+
+// See Note [Early stop]: a kernel pending after the last save on at least
+// this many input elements (64 KiB of float) costs about what the stop does
+// on a CPU, or more.
+constexpr int64_t kStopBeforeKernelElements = 16384;
 
 // Whether a tensor a recomputation saves carries autograd state its slot must
 // not keep; see Note [Aliases of recomputed tensors].
@@ -292,10 +299,12 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
     alive_.push_back(1);
   }
   // See Note [Early stop].
-  last_pack_sequence_nr_ = at::sequence_number::peek();
+  const uint64_t sequence_nr = at::sequence_number::peek();
+  if (sequence_nr != last_pack_sequence_nr_) last_node_input_elements_ = 0;  // a save of a newer node
+  last_pack_sequence_nr_ = sequence_nr;
   const torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
-  last_pack_was_output_ = !tensor.requires_grad() ||
-                          (grad_fn != nullptr && grad_fn->sequence_nr() + 1 == last_pack_sequence_nr_);
+  last_pack_was_output_ = !tensor.requires_grad() || (grad_fn != nullptr && grad_fn->sequence_nr() + 1 == sequence_nr);
+  if (!last_pack_was_output_) last_node_input_elements_ = std::max(last_node_input_elements_, tensor.numel());
   return std::make_unique<SlotRef>(shared_from_this(), slot);
 }
 
@@ -316,8 +325,10 @@ std::pair<TensorList, bool> Frame::forward(const TensorList& inputs) {
   num_slots_ = metadata_.size();
   // See Note [Early stop].
   const bool autograd_work_after_last_save = at::sequence_number::peek() != last_pack_sequence_nr_;
+  const bool large_kernel_after_last_save =
+      !last_pack_was_output_ && last_node_input_elements_ >= kStopBeforeKernelElements;
   stop_at_last_slot_ = options_.early_stop &&
-                       (prefire_device_.has_value() || autograd_work_after_last_save || !last_pack_was_output_);
+                       (prefire_device_.has_value() || autograd_work_after_last_save || large_kernel_after_last_save);
   // Forward-only bookkeeping: its memory goes too, not only its elements.
   forward_uncounted_ = {};
   forward_counted_ = {};

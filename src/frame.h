@@ -159,7 +159,8 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   int64_t expected_bytes_ = 0;
   bool stop_at_last_slot_ = false;  // See Note [Early stop] in frame.cpp
   uint64_t last_pack_sequence_nr_ = 0;
-  bool last_pack_was_output_ = false;  // the last save came after its op's kernel; Note [Early stop]
+  bool last_pack_was_output_ = false;    // the last save came after its op's kernel; Note [Early stop]
+  int64_t last_node_input_elements_ = 0;  // the largest input the last saving node saved, in elements
   std::vector<std::weak_ptr<Frame>> nested_;  // checkpoints created inside the forward run
   // Forward only: storages that do not count (inputs) and storages counted,
   // pinned so that their addresses stay unique until the forward ends.

@@ -78,20 +78,33 @@ int runs_of_tail_without_autograd_work(std::chrono::microseconds tail) {
 }
 
 // Where the last save is an input of an op whose kernel has not run yet (a
-// linear layer saves its input and weight before the GEMM), the
-// recomputation stops there, and the kernel does not run again.
-TEST(CheckpointSemantics, EarlyStopSkipsTheKernelOfALastOpThatSavedItsInputs) {
+// linear layer saves its input and weight before the GEMM) and that input is
+// large, the recomputation stops there, and the kernel does not run again.
+TEST(CheckpointSemantics, EarlyStopSkipsTheKernelOfALastOpThatSavedLargeInputs) {
   int after_last_op = 0;
-  auto w = at::randn({4, 4}).requires_grad_(true);
+  auto w = at::randn({128, 128}).requires_grad_(true);  // 16384 elements: Note [Early stop]
   CheckpointFn fn = [&](const TensorList& in) {
     auto out = at::mm(in[0].sin(), w);  // mm saves both inputs before its kernel: the last saves
     ++after_last_op;
     return TensorList{out};
   };
-  auto x = at::randn({4, 4}).requires_grad_(true);
+  auto x = at::randn({4, 128}).requires_grad_(true);
   auto y = checkpoint(fn, {x})[0];
   expect_all_equal(grads(y, {x, w}), grads(at::mm(x.sin(), w), {x, w}));
   EXPECT_EQ(after_last_op, 1) << "the recomputation ran the last op's kernel again";
+
+  // on small inputs the kernel is cheaper than the stop: it runs again
+  after_last_op = 0;
+  auto small_w = at::randn({4, 4}).requires_grad_(true);
+  CheckpointFn small = [&](const TensorList& in) {
+    auto out = at::mm(in[0].sin(), small_w);
+    ++after_last_op;
+    return TensorList{out};
+  };
+  auto small_x = at::randn({4, 4}).requires_grad_(true);
+  auto small_y = checkpoint(small, {small_x})[0];
+  expect_all_equal(grads(small_y, {small_x, small_w}), grads(at::mm(small_x.sin(), small_w), {small_x, small_w}));
+  EXPECT_EQ(after_last_op, 2);
 }
 
 TEST(CheckpointSemantics, TailWithoutAutogradWorkRunsAgainInsteadOfBeingStopped) {

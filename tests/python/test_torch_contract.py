@@ -505,16 +505,24 @@ def test_nested_checkpoint_set_early_stop_no_recompution_needed():
         counter[0] += 1
         return x.sin()
 
-    # Only the input is saved, before sin's kernel: early stop skips the kernel.
+    # Only the input is saved, before sin's kernel: early stop skips the
+    # kernel. Difference (docs/torch-contract.md): prefire does so for inputs
+    # of at least 16384 elements, and lets a smaller kernel run again (it
+    # costs less than the stop); torch skips it always (sins.count == 1 here).
     a = torch.tensor(1.0, requires_grad=True)
     with SinCounter() as sins:
-        checkpoint(fn, a).backward()
+        checkpoint(fn, a).sum().backward()
+    assert counter[0] == 2 and sins.count == 2
+    counter[0] = 0
+    large = torch.randn(128, 128, requires_grad=True)
+    with SinCounter() as sins:
+        checkpoint(fn, large).sum().backward()
     assert counter[0] == 2 and sins.count == 1
     counter[0] = 0
     with SinCounter() as sins:
         with set_checkpoint_early_stop(False):
-            out = checkpoint(fn, a)
-        out.backward()
+            out = checkpoint(fn, large)
+        out.sum().backward()
     assert counter[0] == 2 and sins.count == 2
     # Nothing saved: nothing to recompute, whether or not early stop is on.
     for early_stop in (True, False):
