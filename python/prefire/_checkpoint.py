@@ -96,6 +96,24 @@ def _as_forward_type(t: torch.Tensor, cls: type) -> torch.Tensor:
     return t.as_subclass(cls)
 
 
+def _for_prefire(context_fn):
+    """`context_fn` with selective checkpointing's caching mode told to keep
+    what it caches out of saved-tensor hooks: the hooks on top of torch's
+    stack during a checkpoint are prefire's own, and a tensor SAC keeps must
+    not become a slot prefire drops. Torch's checkpoint sets the same
+    attribute from its `respect_saved_tensors_hooks` argument."""
+    if context_fn is None:
+        return None
+
+    def contexts():
+        forward, recompute = context_fn()
+        if getattr(forward, "respect_saved_tensors_hooks", False) is None:
+            forward.respect_saved_tensors_hooks = False
+        return forward, recompute
+
+    return contexts
+
+
 def checkpoint(
     function: Callable[..., Any],
     *args: Any,
@@ -188,7 +206,7 @@ def checkpoint(
         return [o for o in flat if isinstance(o, torch.Tensor)]
 
     tensors = _C.checkpoint(run, [leaves[i] for i in where], preserve_rng_state, determinism_check, early_stop,
-                            context_fn)
+                            _for_prefire(context_fn))
     for i in where:  # recomputations get them from the checkpoint, which saved them through autograd
         leaves[i] = None
     flat, out_spec = forward.pop("flat"), forward.pop("spec")

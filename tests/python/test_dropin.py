@@ -310,6 +310,38 @@ def test_prefire_around_a_compiled_block_shares_one_recomputation_between_b_and_
     assert stats.lazy_recomputes == 2 and stats.hits > 2
 
 
+# ---- selective activation checkpointing -------------------------------------------------
+
+
+def test_selective_checkpointing_context_fn_keeps_what_it_selects():
+    import functools
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMM(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += func is torch.ops.aten.mm.default
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+
+    def fn(a):
+        return torch.mm(a.cos(), w).sin().sum()
+
+    expected = torch.autograd.grad(fn(x), [x, w])
+    context_fn = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no FutureWarning about saved-tensor hooks around SAC
+        with CountMM() as mode:
+            got = torch.autograd.grad(prefire.checkpoint(fn, x, context_fn=context_fn), [x, w])
+    assert_bit_equal(got, expected)
+    assert mode.calls == 3  # forward, and backward's two; the recomputation reuses the cached product
+
+
 # ---- the rest of torch's calling convention ----------------------------------------------
 
 
