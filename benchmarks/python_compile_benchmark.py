@@ -1,0 +1,138 @@
+"""prefire and torch.compile (inductor), side by side in one process.
+
+A stack of GPT blocks (tests/python/test_checkpoint.py's Block, no dropout)
+trained one step at a time on CPU, one intra-op thread, in five variants:
+
+  eager, torch ckpt        torch.utils.checkpoint per block, no compile
+  compiled, no ckpt        torch.compile(block) per block, nothing checkpointed
+  compiled torch ckpt      torch.compile(torch's checkpoint_wrapper(block))
+  compiled prefire wrapper torch.compile(prefire.checkpoint_wrapper(block)):
+                           inside a compiled region prefire.checkpoint is
+                           torch's (Note [prefire.checkpoint inside torch.compile])
+  prefire around compiled  prefire.checkpoint_wrapper(torch.compile(block)):
+                           prefire's runtime around compiled math (sessions apply)
+
+For each: the step time (median of interleaved rounds) and the bytes forward
+keeps for backward, counted by a saved-tensors hook around the whole step
+(every storage a saved tensor refers to, once, parameters excepted: under
+inductor, allocations bypass the dispatcher, so this is what is comparable
+across the variants). Ratios are against "compiled torch ckpt".
+
+    PYTHONPATH=build/python ~/.cache/prefire/venv/bin/python benchmarks/python_compile_benchmark.py
+"""
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
+
+import prefire
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+from test_checkpoint import Block  # noqa: E402
+
+
+def build(blocks, dim, heads, wrap, seed=0):
+    torch.manual_seed(seed)
+    plain = [Block(dim=dim, heads=heads, dropout=0.0) for _ in range(blocks)]
+    return torch.nn.ModuleList(plain), [wrap(b) for b in plain]
+
+
+VARIANTS = {
+    "eager, torch ckpt": lambda b: (lambda x: torch_checkpoint.checkpoint(b, x, use_reentrant=False)),
+    "compiled, no ckpt": lambda b: torch.compile(b),
+    "compiled torch ckpt": lambda b: torch.compile(torch_wrapper(b)),
+    "compiled prefire wrapper": lambda b: torch.compile(prefire.checkpoint_wrapper(b)),
+    "prefire around compiled": lambda b: prefire.checkpoint_wrapper(torch.compile(b)),
+}
+
+
+class KeptBytes:
+    """Storages of the tensors autograd saves while it is active, parameters excepted."""
+
+    def __init__(self, params):
+        self.params = {p.untyped_storage().data_ptr() for p in params}
+        self.storages = {}
+
+    def pack(self, t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in self.params:
+            self.storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    def total(self):
+        return sum(self.storages.values())
+
+
+def make_step(params, layers, x):
+    def step():
+        h = x
+        for layer in layers:
+            h = layer(h)
+        torch.autograd.grad(h.square().mean(), [x, *params])
+
+    return step
+
+
+def kept_bytes(params, layers, x):
+    meter = KeptBytes(params)
+    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+        h = x
+        for layer in layers:
+            h = layer(h)
+    torch.autograd.grad(h.square().mean(), [x, *params])
+    return meter.total()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=3, help="steps per round and variant")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="prefire.checkpoint inside torch.compile")
+
+    torch.manual_seed(1)
+    x = torch.randn(args.batch, args.seq, args.dim, requires_grad=True)
+    steps, kept, compile_s = {}, {}, {}
+    for name, wrap in VARIANTS.items():
+        params, layers = build(args.blocks, args.dim, args.heads, wrap)
+        params = list(params.parameters())
+        start = time.perf_counter()
+        make_step(params, layers, x)()  # compiles
+        compile_s[name] = time.perf_counter() - start
+        kept[name] = kept_bytes(params, layers, x)
+        steps[name] = make_step(params, layers, x)
+    times = {name: [] for name in VARIANTS}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            times[name].append((time.perf_counter() - start) / args.steps * 1e3)
+
+    base = "compiled torch ckpt"
+    ms = {name: statistics.median(t) for name, t in times.items()}
+    print(f"{args.blocks} GPT blocks, dim {args.dim}, batch {args.batch} x seq {args.seq}, CPU, 1 thread, "
+          f"inductor; {args.rounds} rounds of {args.steps} steps")
+    print(f"{'variant':26s} {'step ms med [min-max]':>24s} {'/ ' + base:>22s} {'kept MiB':>9s} {'/ ' + base:>22s}"
+          f" {'first step s':>13s}")
+    for name in VARIANTS:
+        spread = f"{ms[name]:.1f} [{min(times[name]):.1f}-{max(times[name]):.1f}]"
+        print(f"{name:26s} {spread:>24s} {ms[name] / ms[base]:22.3f} {kept[name] / 2**20:9.2f}"
+              f" {kept[name] / kept[base]:22.3f} {compile_s[name]:13.1f}")
+
+
+if __name__ == "__main__":
+    main()
