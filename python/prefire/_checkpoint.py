@@ -9,7 +9,9 @@ from typing import Any, Callable, ContextManager, Optional, Tuple
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
+from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _pytree as pytree
+from torch.utils._device import DeviceContext
 
 from . import _C
 
@@ -74,6 +76,17 @@ def _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determini
     return torch_checkpoint.checkpoint(
         function, *args, use_reentrant=False, determinism_check=_TORCH_DETERMINISM[determinism_check], debug=debug,
         early_stop=early_stop, preserve_rng_state=preserve_rng_state, **kwargs)
+
+
+def _device_context() -> Optional[torch.device]:
+    """The device of the innermost ``with torch.device(...)`` around this
+    call, which the recomputation re-enters, as torch's checkpoint does (the
+    device, not the mode: a mode entered twice would leave wrongly)."""
+    stack = _get_current_function_mode_stack()
+    for mode in reversed(stack):
+        if isinstance(mode, DeviceContext):
+            return mode.device
+    return None
 
 
 def _has_dispatch(cls: type) -> bool:
@@ -186,9 +199,17 @@ def checkpoint(
     # as long as the checkpoint, and must not keep forward's outputs alive.
     forward: dict = {}
 
+    device = _device_context()
+
     def run(tensors):
         if types is not None:
             tensors = [_as_forward_type(t, cls) for t, cls in zip(tensors, types)]
+        if device is not None and "done" in forward:  # a recomputation: forward's torch.device(...) context
+            with DeviceContext(device):
+                return call(tensors)
+        return call(tensors)
+
+    def call(tensors):
         if spec is None:
             out = function(*tensors)
         else:

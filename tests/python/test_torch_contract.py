@@ -162,6 +162,22 @@ def test_checkpoint_detects_non_determinism():
         checkpoint(save_2, a, debug=True)
 
 
+def test_checkpoint_device_context_fn():
+    # torch's test runs on CUDA; the meta device shows the same on CPU: the
+    # recomputation creates its tensors under forward's torch.device context.
+    def fn(x):
+        return x.sin() * torch.ones(x.shape)  # created without a device: takes the context's
+
+    x = torch.randn(4, requires_grad=True)
+    with torch.device("cpu"):
+        out = checkpoint(fn, x)
+    with torch.device("meta"):  # another context when the recomputation runs must not matter
+        saved = out.grad_fn._saved_other  # read outside backward: a recomputation of its own
+    assert saved.device.type == "cpu"
+    out.sum().backward()
+    assert torch.equal(x.grad, x.cos())
+
+
 def test_access_saved_tensor_twice_without_recomputation_works():
     count = [0]
 
