@@ -286,6 +286,19 @@ def test_nothing_stays_alive_once_the_graph_is_gone():
     assert inputs() is None and outputs() is None
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the calls of one operator (e.g. torch.ops.aten.mm.default)."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is self.op
+        return func(*args, **(kwargs or {}))
+
+
 class StorageCensus(TorchDispatchMode):
     """Notes every storage an op makes; held() is the bytes of those still
     alive: what forward keeps for backward, outputs included."""

@@ -24,7 +24,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 import prefire
 import prefire._checkpoint
 
-from test_checkpoint import Block, assert_bit_equal, model
+from test_checkpoint import Block, OpCounter, assert_bit_equal, model
 from test_schedule import runs, setup, split_step
 
 
@@ -316,17 +316,6 @@ def test_prefire_around_a_compiled_block_shares_one_recomputation_between_b_and_
 def test_selective_checkpointing_context_fn_keeps_what_it_selects():
     import functools
 
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CountMM(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.calls += func is torch.ops.aten.mm.default
-            return func(*args, **(kwargs or {}))
-
     x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
 
     def fn(a):
@@ -336,10 +325,10 @@ def test_selective_checkpointing_context_fn_keeps_what_it_selects():
     context_fn = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no FutureWarning about saved-tensor hooks around SAC
-        with CountMM() as mode:
+        with OpCounter(torch.ops.aten.mm.default) as mode:
             got = torch.autograd.grad(prefire.checkpoint(fn, x, context_fn=context_fn), [x, w])
     assert_bit_equal(got, expected)
-    assert mode.calls == 3  # forward, and backward's two; the recomputation reuses the cached product
+    assert mode.count == 3  # forward, and backward's two; the recomputation reuses the cached product
 
 
 # ---- the rest of torch's calling convention ----------------------------------------------

@@ -24,6 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import prefire
 
+from test_checkpoint import OpCounter
+
 checkpoint = prefire.checkpoint
 checkpoint_sequential = prefire.checkpoint_sequential
 
@@ -505,15 +507,8 @@ def test_nested_checkpoint_set_early_stop():
 
 
 def test_nested_checkpoint_set_early_stop_no_recompution_needed():
-    class SinCounter(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten.sin.default:
-                self.count += 1
-            return func(*args, **(kwargs or {}))
+    def SinCounter():
+        return OpCounter(torch.ops.aten.sin.default)
 
     counter = [0]
 
