@@ -1,15 +1,23 @@
 """One rank of the pipeline program: for each mode, its stages of the model,
 the schedule and (in prefire's modes) the sessions; runs the modes' steps in
-turn and writes what it measured. Started by :mod:`prefire.pipeline.launch`:
-``python -m prefire.pipeline.worker CONFIG RANK WORLD PORT OUT``."""
+turn and writes what it measured, or, when it fails, its exception
+(``OUT.error``, which the launcher's report leads with). Started by
+:mod:`prefire.pipeline.launch`:
+``python -m prefire.pipeline.worker CONFIG RANK WORLD PORT OUT``.
+
+For the failure tests, ``PREFIRE_PIPELINE_FAULT=forward:RANK`` makes a
+rank's first stage forward raise, ``bubble:RANK`` its first recomputation in
+a bubble (RANK may be ``*``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import asdict
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
@@ -27,6 +35,15 @@ from .model import GPT, Stage, data, loss_fn
 from .report import TIMES, hideable_s
 
 
+class InjectedFault(RuntimeError):
+    """Raised where PREFIRE_PIPELINE_FAULT says (the failure tests)."""
+
+
+def _fault(kind: str, rank: int) -> bool:
+    spec = os.environ.get("PREFIRE_PIPELINE_FAULT", "")
+    return spec in (f"{kind}:{rank}", f"{kind}:*")
+
+
 def block_runner(mode: str):
     if mode == "none":
         return lambda block, x: block(x)
@@ -39,10 +56,11 @@ class Recorder:
     """The timeline of one rank: stage actions, receive waits and every block
     run that is not a forward (a recomputation), on time.monotonic()'s clock."""
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int = 0) -> None:
         self.events: List[List[Any]] = []   # [kind, stage, micro-batch or block, begin, end]
         self.phase: Optional[str] = None    # the stage action running, if any
         self.rss_peak = 0                   # the largest resident set seen at the end of an action
+        self.fault_in = {kind for kind in ("forward", "bubble") if _fault(kind, rank)}
 
     def wrap_stage(self, stage) -> None:
         def timed(name, kind_of):
@@ -50,6 +68,8 @@ class Recorder:
 
             def run(chunk_id, *args, **kwargs):
                 kind = kind_of(args, kwargs)
+                if kind == "F" and "forward" in self.fault_in:
+                    raise InjectedFault(f"injected fault: a forward of stage {stage.stage_index}")
                 self.phase, begin = kind, time.monotonic()
                 try:
                     return inner(chunk_id, *args, **kwargs)
@@ -71,6 +91,8 @@ class Recorder:
         if self.phase == "F":
             return
         # outside any stage action: a prefire in a bubble
+        if self.phase is None and "bubble" in self.fault_in:
+            raise InjectedFault(f"injected fault: a recomputation of block {index} in a bubble")
         self.events.append(["recompute" if self.phase else "recompute-bubble", -1, index, begin, end])
 
 
@@ -96,7 +118,7 @@ class ModeRun:
         self.sessions = None
         if mode in ("session", "bubble", "budget"):
             self.sessions = pipelining.enable(self.schedule, bubble=mode != "session")
-        self.recorder = Recorder()
+        self.recorder = Recorder(rank)
         for stage in stages:
             self.recorder.wrap_stage(stage)
         self.waits_seen = True
@@ -175,13 +197,15 @@ class ModeRun:
         }
 
 
-def run(cfg: RunConfig, rank: int, world: int, port: int) -> Dict[str, Any]:
+def run(cfg: RunConfig, rank: int, world: int, port: int, running_marker: Optional[str] = None) -> Dict[str, Any]:
     """Every mode of ``cfg`` on this rank, their steps interleaved (one step
     of each mode in turn), so that they run under the same conditions."""
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.timeout_s))
+    if running_marker:
+        open(running_marker, "w").close()  # the failure tests wait for it
     try:
         runs = [ModeRun(cfg, mode, rank, world) for mode in cfg.modes]
         for _ in range(cfg.warmup + cfg.steps):
@@ -192,14 +216,24 @@ def run(cfg: RunConfig, rank: int, world: int, port: int) -> Dict[str, Any]:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "_grads": {r.mode: r.grads for r in runs},
         }
+    except BaseException as e:
+        # When it failed, before the process group goes down and fails the
+        # other ranks: the launcher reports the rank that failed first.
+        e.prefire_failed_at = time.time()
+        raise
     finally:
         dist.destroy_process_group()
 
 
 def main(argv: List[str]) -> int:
     config_path, rank, world, port, out = argv
-    cfg = RunConfig.from_json(open(config_path).read())
-    result = run(cfg, int(rank), int(world), int(port))
+    try:
+        cfg = RunConfig.from_json(open(config_path).read())
+        result = run(cfg, int(rank), int(world), int(port), running_marker=out + ".running")
+    except BaseException as e:
+        with open(out + ".error", "w") as f:  # the launcher reports the first of these
+            json.dump({"time": getattr(e, "prefire_failed_at", time.time()), "traceback": traceback.format_exc()}, f)
+        raise
     torch.save(result.pop("_grads"), out + ".grads.pt")
     with open(out + ".json", "w") as f:
         json.dump(result, f)
