@@ -20,10 +20,11 @@ reported complete or the micro-batch's session budget refuses a prefire:
    slack. This work is pulled ahead of other actions (a forward a
    neighbour waits for), so it must stay inside the bubble.
 
-The slack is measured, not guessed: during the first three steps after
-``enable`` nothing is prefired, and each point's slack becomes the shortest
-wait seen there in the second and third (the first also infers shapes and
-warms up), the natural bubble. It is not re-learned from later waits:
+The slack is measured, not guessed: during the first training steps after
+``enable`` (``bubble_warmup_steps``, 3 by default; ``schedule.eval()`` steps
+neither count nor teach) nothing is prefired, and each point's slack becomes
+the shortest wait seen there in all of them but the first (which also infers
+shapes and warms up), the natural bubble. It is not re-learned from later waits:
 those depend on the prefires of both neighbours, and a rank whose prefires
 ran long makes its neighbour wait longer, which would teach the neighbour a
 longer slack in turn. A wait that ended at once (under 0.1 ms) after rule-2
@@ -43,7 +44,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from . import _C
 
 _ENDED_AT_ONCE_S = 1e-4
-_LEARNING_STEPS = 3  # the first only warms up (a schedule's first step also infers shapes)
 
 WaitPoint = Tuple[str, int, int]
 
@@ -52,7 +52,7 @@ class BubbleFiller:
     """The bubble prefires of one rank's schedule (Note [Filling bubbles])."""
 
     def __init__(self, schedule, pending: Callable[[int, int], Optional[Any]], stats, prefire=_C.prefire,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, warmup_steps: int = 3) -> None:
         """``pending(stage_index, micro_batch)``: that micro-batch's
         ``_MicroBatch`` (session, handles, prefired) or None; ``prefire``
         and ``clock`` are ``prefire.prefire`` and ``time.monotonic`` (a test
@@ -65,7 +65,9 @@ class BubbleFiller:
         self.slack: Dict[WaitPoint, float] = {}
         self.spent: Dict[WaitPoint, float] = {}   # prefire seconds at a point whose wait is running
         self.done: set = set()                    # (stage, micro-batch) whose backward started this step
-        self.steps = 0
+        self.steps = 0                            # training steps begun
+        self.warmup_steps = warmup_steps          # the first only warms up (shapes are inferred then)
+        self.training = True                      # the current step has a backward (not schedule.eval())
         self.checkpoint_s: Optional[float] = None
         self._order: Optional[List[Tuple[int, int]]] = None
 
@@ -80,9 +82,11 @@ class BubbleFiller:
                            if a.computation_type in (BACKWARD_INPUT, FULL_BACKWARD)]
         return self._order
 
-    def new_step(self) -> None:
+    def new_step(self, training: bool = True) -> None:
         self.done.clear()
-        self.steps += 1
+        self.training = training
+        if training:
+            self.steps += 1
 
     def backward_started(self, stage_index: int, micro_batch: int) -> None:
         self.done.add((stage_index, micro_batch))
@@ -90,7 +94,7 @@ class BubbleFiller:
     def before_wait(self, kind: str, stage_index: int, micro_batch: int, works: Sequence[Any]) -> None:
         point = (kind, stage_index, micro_batch)
         begin = self.clock()
-        if self.steps <= _LEARNING_STEPS:
+        if not self.training or self.steps <= self.warmup_steps:
             return
         first = 0
         if kind == "backward":  # rule 1
@@ -143,9 +147,9 @@ class BubbleFiller:
         point = (kind, stage_index, micro_batch)
         spent = self.spent.pop(point, 0.0)
         waited = end - begin
-        if self.steps <= 1:
+        if not self.training or self.steps <= 1:
             return
-        if self.steps <= _LEARNING_STEPS:
+        if self.steps <= self.warmup_steps:
             self.slack[point] = min(self.slack.get(point, waited), waited)
         elif spent > 0 and waited < _ENDED_AT_ONCE_S and point in self.slack:
             self.slack[point] = max(0.0, self.slack[point] - (self.checkpoint_s or 0.0))

@@ -38,9 +38,28 @@ program measures bubbles).
 ``Schedule1F1B`` and ``ScheduleGPipe`` post a receive and wait on it in the
 same line of their own loop: there is no moment between the two to use, so
 ``bubble=True`` is refused for them (sessions work with every schedule).
-Both hooks use private attributes of torch 2.14's pipelining (``_stages``,
-``_stage``, the two tables, ``pipeline_order_with_comms``); the tests run
-real schedules through them, so a torch that moves them fails there.
+Both hooks use private attributes of torch's pipelining (``_stages``,
+``_stage``, the two tables and their ``pop``, ``backward_one_chunk``'s
+argument order, ``pipeline_order_with_comms``); torch has no public API for
+any of them. So nothing here may switch itself off quietly (see Note
+[Hook points fail loudly]).
+
+Note [Hook points fail loudly]
+A torch that moved one of these points would leave training running without
+prefire, or with bubble prefire off, and say nothing. So:
+  * ``enable`` refuses a torch outside the tested range (2.11 to 2.14:
+    2.14.1 here, 2.11 on the GPU machine), naming it and how to try anyway
+    (PREFIRE_PIPELINING_UNTESTED_TORCH=1), and checks that every hook point
+    exists with the shape this module relies on;
+  * after the first training step, it checks that they fired: every stage's
+    forward went through the wrapper, and with ``bubble=True`` every receive
+    the schedule posted in the tables was popped there (a torch that waits
+    on them some other way would never reach the bubble prefire), and raises
+    RuntimeError naming the point otherwise; a forward wrapper that sees
+    many more forwards than a step has without a step starting
+    (``clear_runtime_states``) raises too;
+  * it warns once when that first step made no prefire checkpoint on the
+    rank (blocks that use torch's checkpoint, or none).
 
 Session ids are taken from a process-wide counter starting at 2**62, so they
 do not meet ids a program chooses for its own sessions.
@@ -48,10 +67,15 @@ do not meet ids a program chooses for its own sessions.
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
 
 from . import _C
 from ._bubbles import BubbleFiller
@@ -90,15 +114,23 @@ class _TimedWait:
 class _ReceiveTable(dict):
     """A schedule's table of posted receives whose ``pop`` (the runtime pops
     an entry right before waiting on it) first runs the ``before`` callbacks,
-    and hands out a :class:`_TimedWait` when there are ``after`` callbacks."""
+    and hands out a :class:`_TimedWait` when there are ``after`` callbacks.
+    Counts posts and pops (Note [Hook points fail loudly])."""
 
     def __init__(self, kind: str, entries: dict) -> None:
         super().__init__(entries)
         self.kind = kind
         self.before: List[BeforeWait] = []
         self.after: List[AfterWait] = []
+        self.posts = 0
+        self.pops = 0
+
+    def __setitem__(self, key, value) -> None:
+        self.posts += 1
+        super().__setitem__(key, value)
 
     def pop(self, key, *default):
+        self.pops += 1
         works = super().pop(key, *default)
         for before in list(self.before):
             before(self.kind, *key, works)
@@ -184,6 +216,8 @@ class _StageSessions:
         self.owner = owner
         self.stage = stage
         self.pending: Dict[int, _MicroBatch] = {}
+        self.forwards = 0            # forwards through the wrapper since the last step began
+        self.checkpoints = 0         # prefire checkpoints its forwards made, ever
         if getattr(stage, "_prefire_sessions", None) is not None:
             raise RuntimeError(f"prefire.pipelining.enable: stage {stage.stage_index} already has prefire sessions "
                                "(enable was called twice for its schedule)")
@@ -193,8 +227,13 @@ class _StageSessions:
         original = {name: getattr(stage, name) for name in self._METHODS}
 
         def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
+            self.forwards += 1
+            owner._check_steps_start(self)
+            if not getattr(stage, "has_backward", True):  # schedule.eval(): no backward, nothing to recompute
+                return original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
             with collect() as handles:
                 out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
+            self.checkpoints += len(handles)
             self.open(fwd_chunk_id, handles)
             return out
 
@@ -211,8 +250,8 @@ class _StageSessions:
 
         def clear_runtime_states():
             self.clear_all()
-            if owner.bubbles is not None and stage is owner.first_stage:  # once per step
-                owner.bubbles.new_step()
+            if stage is owner.first_stage:  # once per step
+                owner._step_begins(training=getattr(stage, "has_backward", True))
             original["clear_runtime_states"]()
 
         self.wrappers = {"forward_one_chunk": forward_one_chunk, "backward_one_chunk": backward_one_chunk,
@@ -274,6 +313,22 @@ class _StageSessions:
         del own["_prefire_sessions"]
 
 
+#: torch releases the hook points were tested with (Note [Hook points fail loudly]).
+TESTED_TORCH = ((2, 11), (2, 14))
+
+
+def _check_torch_version(version: Optional[str] = None) -> None:
+    version = version or torch.__version__
+    release = tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+    if TESTED_TORCH[0] <= release <= TESTED_TORCH[1] or os.environ.get("PREFIRE_PIPELINING_UNTESTED_TORCH") == "1":
+        return
+    low, high = (".".join(map(str, v)) for v in TESTED_TORCH)
+    raise RuntimeError(
+        f"prefire.pipelining hooks into private parts of torch.distributed.pipelining, tested with torch {low} to "
+        f"{high}; this is torch {version}. Set PREFIRE_PIPELINING_UNTESTED_TORCH=1 to try it anyway (enable() "
+        "then checks every hook point, and the first step checks that each fired)")
+
+
 def _stages_of(schedule) -> List[Any]:
     stages = getattr(schedule, "_stages", None)
     if stages is None:
@@ -283,6 +338,21 @@ def _stages_of(schedule) -> List[Any]:
         raise TypeError(f"prefire.pipelining.enable: expected a torch.distributed.pipelining schedule, "
                         f"got {type(schedule).__name__}")
     return list(stages)
+
+
+def _check_hook_points(stages: List[Any]) -> None:
+    """The stage methods enable() wraps, with the arguments it reads."""
+    for stage in stages:
+        for name in _StageSessions._METHODS:
+            if not callable(getattr(stage, name, None)):
+                raise RuntimeError(f"prefire.pipelining: {type(stage).__name__} has no method {name} in torch "
+                                   f"{torch.__version__}; prefire cannot hook into this schedule's stages")
+        # the class's method: an instance may hold a wrapper (prefire's, or another library's)
+        params = list(inspect.signature(type(stage).backward_one_chunk).parameters)[1:]
+        if params[:3] != ["bwd_chunk_id", "loss", "full_backward"]:
+            raise RuntimeError(
+                f"prefire.pipelining: {type(stage).__name__}.backward_one_chunk takes ({', '.join(params)}) in torch "
+                f"{torch.__version__}; prefire reads full_backward as its third argument")
 
 
 def _check_budget(budget_bytes: Optional[int], bubble: bool) -> None:
@@ -295,13 +365,21 @@ def _check_budget(budget_bytes: Optional[int], bubble: bool) -> None:
 class Pipelining:
     """The prefire sessions of one schedule (made by :func:`enable`)."""
 
-    def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int]) -> None:
+    def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int = 3) -> None:
         _check_budget(budget_bytes, bubble)
+        if type(bubble_warmup_steps) is not int or bubble_warmup_steps < 2:
+            raise ValueError(f"prefire.pipelining: bubble_warmup_steps must be an int >= 2 (the first step only "
+                             f"warms up), got {bubble_warmup_steps!r}")
+        _check_torch_version()
         stages = _stages_of(schedule)
-        if bubble:  # checks the schedule before anything is wrapped
-            _receive_tables(schedule)
+        _check_hook_points(stages)
+        tables = _receive_tables(schedule) if bubble else []  # checks the schedule before anything is wrapped
+        self.schedule = schedule
         self.first_stage = stages[0]
         self.budget_bytes = budget_bytes
+        self._tables = tables
+        self._training_steps = 0   # steps begun with a backward (Note [Hook points fail loudly])
+        self._checked = False
         self._stats = PipelineStats()
         self.bubbles: Optional[BubbleFiller] = None
         self._remove_callbacks: Optional[Callable[[], None]] = None
@@ -313,9 +391,53 @@ class Pipelining:
             self.disable()
             raise
         if bubble:
-            self.bubbles = BubbleFiller(schedule, self._pending, self._stats)
+            self.bubbles = BubbleFiller(schedule, self._pending, self._stats, warmup_steps=bubble_warmup_steps)
             self._remove_callbacks = on_receive_wait(schedule, before=self.bubbles.before_wait,
                                                      after=self.bubbles.after_wait)
+
+    def _step_begins(self, training: bool) -> None:
+        """A step begins (the first stage's clear_runtime_states)."""
+        if self._training_steps == 1 and not self._checked:
+            self._checked = True
+            self._check_fired()
+        for sessions in self._stages.values():
+            sessions.forwards = 0
+        for table in self._tables:
+            table.posts = table.pops = 0
+        if training:
+            self._training_steps += 1
+        if self.bubbles is not None:
+            self.bubbles.new_step(training)
+
+    def _check_fired(self) -> None:
+        """After the first training step: see Note [Hook points fail loudly]."""
+        for sessions in self._stages.values():
+            if sessions.forwards == 0:
+                raise RuntimeError(
+                    f"prefire.pipelining: a step ran without calling forward_one_chunk of stage "
+                    f"{sessions.stage.stage_index} through prefire's wrapper (torch {torch.__version__}): prefire's "
+                    "sessions are not in effect. This torch runs stages another way")
+        for table in self._tables:
+            if table.posts and not table.pops:
+                raise RuntimeError(
+                    f"prefire.pipelining: the schedule posted {table.posts} {table.kind} receives but never popped "
+                    f"them from its table (torch {torch.__version__}): bubble prefire would never run. This torch "
+                    "waits on its receives another way; enable without bubble=True")
+        if not any(sessions.checkpoints for sessions in self._stages.values()):
+            warnings.warn(
+                "prefire.pipelining: the first step made no prefire checkpoint on this rank's stages, so the sessions "
+                "do nothing. Checkpoint the blocks with prefire.checkpoint or prefire.checkpoint_wrapper "
+                "(torch.utils.checkpoint's are not prefire's)", UserWarning, stacklevel=2)
+
+    def _check_steps_start(self, sessions: "_StageSessions") -> None:
+        """A forward wrapper that sees far more forwards than a step has, with
+        no step beginning, means clear_runtime_states no longer runs."""
+        n = getattr(self.schedule, "_n_microbatches", None)
+        if n is not None and sessions.forwards > 4 * n:
+            raise RuntimeError(
+                f"prefire.pipelining: stage {sessions.stage.stage_index} ran {sessions.forwards} forwards without a "
+                f"step beginning through clear_runtime_states (torch {torch.__version__}): prefire could not clear "
+                "the sessions of failed steps nor count steps. This torch begins steps another way")
 
     def _pending(self, stage_index: int, micro_batch: int) -> Optional[_MicroBatch]:
         sessions = self._stages.get(stage_index)
@@ -344,7 +466,8 @@ class Pipelining:
         self._stages.clear()
 
 
-def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None) -> Pipelining:
+def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None,
+           bubble_warmup_steps: int = 3) -> Pipelining:
     """Gives each micro-batch's checkpoints a session shared by its backward
     passes, for every stage of ``schedule`` on this rank (see the module
     docstring). Call once, after building the schedule and before ``step``.
@@ -353,13 +476,23 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
         bubble: recompute the checkpoints of the micro-batches whose
             backward comes next while the rank waits on a receive (schedules
             built on ``_PipelineScheduleRuntime`` only; nothing in the first
-            three steps, which measure the waits).
+            ``bubble_warmup_steps`` training steps, which measure the waits).
         budget_bytes: at most this many bytes of bubble prefires per
             micro-batch session (forward bytes of what they recompute); a
             prefire that would exceed it is left to B. Needs ``bubble``.
+        bubble_warmup_steps: training steps (``schedule.eval()`` steps do
+            not count) before bubble prefires begin: the first warms up, the
+            others measure each wait's length (Note [Filling bubbles]). At
+            least 2.
+
+    Raises:
+        RuntimeError: a torch outside the tested range, or a hook point this
+            module relies on missing (see Note [Hook points fail loudly]);
+            also from the second step on, if the first one shows a hook
+            point did not fire.
 
     Returns:
         A :class:`Pipelining`: ``stats()``, ``set_budget_bytes()``,
         ``disable()``.
     """
-    return Pipelining(schedule, bubble, budget_bytes)
+    return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps)

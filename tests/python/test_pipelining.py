@@ -6,6 +6,7 @@ processes: the pipeline program (prefire.pipeline) on 2 ranks over Gloo,
 every mode, started and torn down by the test."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -111,6 +112,69 @@ def test_enable_errors(one_rank):
     pipelining.enable(single).disable()  # sessions alone work with any schedule
 
 
+def test_enable_refuses_a_torch_outside_the_tested_range(monkeypatch):
+    pipelining._check_torch_version("2.14.1+cu130")
+    pipelining._check_torch_version("2.11.0")
+    for version in ("2.15.0", "2.10.2+cpu", "3.0.0"):
+        with pytest.raises(RuntimeError, match=f"tested with torch 2.11 to 2.14; this is torch {re.escape(version)}"):
+            pipelining._check_torch_version(version)
+    monkeypatch.setenv("PREFIRE_PIPELINING_UNTESTED_TORCH", "1")
+    pipelining._check_torch_version("2.15.0")
+
+
+def test_enable_refuses_a_stage_whose_hook_point_moved(one_rank, monkeypatch):
+    schedule, _, _ = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
+    stage_type = type(schedule._stages[0])
+    monkeypatch.setattr(stage_type, "backward_one_chunk", lambda self, bwd_chunk_id, full_backward=True, loss=None: None)
+    with pytest.raises(RuntimeError, match="reads full_backward as its third argument"):
+        pipelining.enable(schedule)
+    monkeypatch.undo()
+    monkeypatch.setattr(stage_type, "clear_runtime_states", None)
+    with pytest.raises(RuntimeError, match="has no method clear_runtime_states"):
+        pipelining.enable(schedule)
+    assert all("forward_one_chunk" not in vars(s) for s in schedule._stages)  # nothing left wrapped
+
+
+def test_a_hook_point_that_does_not_fire_is_reported_after_the_first_step(one_rank):
+    # torch running a stage's forward past prefire's wrapper
+    schedule, modules, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
+    sessions = pipelining.enable(schedule)
+    del vars(schedule._stages[1])["forward_one_chunk"]
+    step()
+    with pytest.raises(RuntimeError, match="without calling forward_one_chunk of stage 1"):
+        step()
+    vars(schedule._stages[1])["forward_one_chunk"] = sessions._stages[1].wrappers["forward_one_chunk"]
+    sessions.disable()
+
+    # torch waiting on a posted receive without popping it from the table
+    schedule, modules, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
+    sessions = pipelining.enable(schedule, bubble=True)
+    modules[0].register_forward_pre_hook(
+        lambda m, args: schedule.fwd_recv_ops.__setitem__(("posted", len(schedule.fwd_recv_ops)), []))
+    step()
+    with pytest.raises(RuntimeError, match="never popped them from its table"):
+        step()
+    sessions.disable()
+
+
+def test_enable_warns_when_the_first_step_makes_no_prefire_checkpoint(one_rank):
+    schedule, _, step = zbv_one_rank(lambda b, x: torch_checkpoint.checkpoint(b, x, use_reentrant=False))
+    sessions = pipelining.enable(schedule)
+    step()
+    with pytest.warns(UserWarning, match="made no prefire checkpoint"):
+        step()
+    sessions.disable()
+
+
+def test_bubble_warmup_steps_is_an_argument(one_rank):
+    schedule, _, _ = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
+    with pytest.raises(ValueError, match="bubble_warmup_steps must be an int >= 2"):
+        pipelining.enable(schedule, bubble=True, bubble_warmup_steps=1)
+    sessions = pipelining.enable(schedule, bubble=True, bubble_warmup_steps=5)
+    assert sessions.bubbles.warmup_steps == 5
+    sessions.disable()
+
+
 def no_children_left():
     try:
         os.waitpid(-1, os.WNOHANG)
@@ -148,6 +212,18 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
     bound = summary["hidden_fraction_bound"]
     assert bound is None or 0 <= bound <= 1
     assert set(summary["timelines"]) == set(summary["modes"])
+
+
+def test_eval_after_training_with_bubbles_recomputes_nothing():
+    # schedule.eval() on one rank with local stage pairs fails in torch 2.14
+    # itself ("can't steal_bwd_input"), so two ranks, interleaved zero bubble
+    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("session", "bubble"), steps=1, warmup=4,
+                    eval_steps=2, timeout_s=120)
+    summary = run(cfg, world=2)
+    for mode, m in summary["modes"].items():
+        assert [r["eval_recomputations"] for r in m["ranks"]] == [0, 0], mode
+    assert any(r["pipelining"]["bubble_prefires"] > 0 for r in summary["modes"]["bubble"]["ranks"])
+    assert no_children_left()
 
 
 def test_hideable_recomputation_fills_waits_with_forwarded_micro_batches_whose_backward_comes_first():

@@ -36,6 +36,7 @@ class RunConfig:
     warmup: int = 5                # the bubble modes measure the waits in steps 2 and 3
     budget_fraction: float = 0.5   # budget mode: this share of the most one session held in warm-up
     timeout_s: float = 120.0
+    eval_steps: int = 0            # schedule.eval() steps after training, counting the recomputations they run
 
     @staticmethod
     def from_json(text: str) -> "RunConfig":

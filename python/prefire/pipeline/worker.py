@@ -135,6 +135,7 @@ class ModeRun:
         self.kwargs = {"target": targets} if n_stages - 1 in self.indices else {}
         self.steps: List[Dict[str, Any]] = []
         self.grads: Dict[str, torch.Tensor] = {}
+        self.eval_recomputations = 0
 
     def step(self) -> None:
         cfg, sessions, recorder = self.cfg, self.sessions, self.recorder
@@ -174,6 +175,14 @@ class ModeRun:
         self.steps.append(record)
         self.grads = {n: p.grad.clone() for m in self.modules for n, p in m.named_parameters() if p.grad is not None}
 
+    def eval_step(self) -> None:
+        """A forward-only ``schedule.eval()`` step; counts prefire's
+        recomputations in it (none should run: no backward will need them)."""
+        before = prefire.runtime_stats().recomputations
+        dist.barrier()
+        self.schedule.eval(*self.args, **self.kwargs)
+        self.eval_recomputations += prefire.runtime_stats().recomputations - before
+
     def result(self, rank: int) -> Dict[str, Any]:
         measured = self.steps[self.cfg.warmup:]
         last = measured[-1]
@@ -192,6 +201,7 @@ class ModeRun:
             "peak_held_bytes": max(s["peak_held_bytes"] for s in measured),
             "rss_growth_bytes": max(s["rss_growth_bytes"] for s in measured),
             "budget_bytes": self.sessions.budget_bytes if self.sessions is not None else None,
+            "eval_recomputations": self.eval_recomputations,
             "pipelining": last.get("pipelining"),
             "timeline": {"begin": last["begin"], "events": last["events"]},
         }
@@ -211,6 +221,9 @@ def run(cfg: RunConfig, rank: int, world: int, port: int, running_marker: Option
         for _ in range(cfg.warmup + cfg.steps):
             for r in runs:
                 r.step()
+        for _ in range(cfg.eval_steps):
+            for r in runs:
+                r.eval_step()
         return {
             "modes": {r.mode: r.result(rank) for r in runs},
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
