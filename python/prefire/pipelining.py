@@ -48,7 +48,8 @@ Note [Hook points fail loudly]
 A torch that moved one of these points would leave training running without
 prefire, or with bubble prefire off, and say nothing. So:
   * ``enable`` refuses a torch outside the tested range (2.11 to 2.14:
-    2.14.1 here, 2.11 on the GPU machine), naming it and how to try anyway
+    2.14.1 runs the suite here, 2.11 is the GPU machine's, where
+    scripts/gpu-check.sh runs it), naming it and how to try anyway
     (PREFIRE_PIPELINING_UNTESTED_TORCH=1), and checks that every hook point
     exists with the shape this module relies on;
   * after the first training step, it checks that they fired: every stage's
