@@ -211,6 +211,15 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
     assert summary["modes"]["budget"]["ranks"][0]["budget_bytes"] is not None
     bound = summary["hidden_fraction_bound"]
     assert bound is None or 0 <= bound <= 1
+    h = summary["hidden_fraction"]["overall"]
+    assert summary["noisy"] == (h is not None and bound is not None and h > bound + 0.01)
+    assert set(summary["rounds"]["step_s"]) == set(summary["modes"])
+    assert all(v["min"] <= v["max"] and len(v["per_round"]) == 1 for v in summary["rounds"]["step_s"].values())
+    from prefire.pipeline.report import table
+
+    text = table(summary)
+    assert "step ms over 1 round (min-max)" in text
+    assert ("NOISY RUN" in text) == summary["noisy"]
     assert set(summary["timelines"]) == set(summary["modes"])
 
 
@@ -253,6 +262,34 @@ def test_a_rank_past_its_deadline_ends_the_run_and_leaves_no_process():
     with pytest.raises(TimeoutError, match="ran past"):
         run(cfg, world=2)
     assert no_children_left()
+
+
+def test_an_h_above_its_bound_is_reported_as_a_noisy_run_with_the_spread_across_rounds():
+    from prefire.pipeline.report import summarize, table
+
+    def ranks(step_s, hideable_s=0.1):
+        return [{"rank": r, "stages": [r], "step_s": step_s, "hideable_s": hideable_s, "timeline": {},
+                 "recomputations_per_block_per_micro_batch": {"0": 1.0}, "recompute_s": 0.2,
+                 "recompute_bubble_s": 0.0, "wait_s": 0.1, "peak_held_bytes": 0, "rss_growth_bytes": 0,
+                 "peak_rss_bytes": 0} for r in range(2)]
+
+    # session 1.0 s, none 0.6 s, waits hold 0.1 s: H can be at most 0.25
+    rounds = {"none": [ranks(0.6), ranks(0.62)], "session": [ranks(1.0), ranks(1.1)],
+              "bubble": [ranks(0.7), ranks(0.95)]}
+    runs = {mode: ranks(per_round[0][0]["step_s"]) for mode, per_round in rounds.items()}
+    grads = {mode: {"exact": True, "max_abs_diff": 0.0} for mode in rounds}
+    summary = summarize({}, runs, grads, rounds)
+    assert abs(summary["hidden_fraction"]["overall"] - 0.75) < 1e-9
+    assert abs(summary["hidden_fraction_bound"] - 0.25) < 1e-9
+    assert summary["noisy"]
+    assert summary["rounds"]["step_s"]["bubble"] == {"per_round": [0.7, 0.95], "min": 0.7, "max": 0.95}
+    text = table(summary)
+    assert "NOISY RUN" in text and "step ms over 2 rounds (min-max): none 600.0-620.0" in text
+    assert "(rounds 0.31-0.75)" in text
+
+    rounds["bubble"] = [ranks(0.95), ranks(0.96)]  # within the bound: not noisy
+    runs = {mode: ranks(per_round[0][0]["step_s"]) for mode, per_round in rounds.items()}
+    assert not summarize({}, runs, grads, rounds)["noisy"]
 
 
 def test_program_rejects_what_it_cannot_run():

@@ -80,7 +80,7 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     described = asdict(config)
     described.update(world=world, rounds=rounds, torch=torch.__version__,
                      machine=platform.processor() or platform.machine(), threads_per_rank=1, backend="gloo")
-    return summarize(described, runs, grads)
+    return summarize(described, runs, grads, results)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

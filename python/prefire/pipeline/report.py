@@ -68,13 +68,18 @@ def compare_gradients(got: Dict[str, torch.Tensor], expected: Dict[str, torch.Te
 
 
 def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
-              grads: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+              grads: Dict[str, Dict[str, Any]],
+              rounds: Optional[Dict[str, List[List[Dict[str, Any]]]]] = None) -> Dict[str, Any]:
     """``runs``: mode -> each rank's result; ``grads``: mode -> the comparison
-    over all ranks. Adds a mode's step time (the slowest rank's: a step ends
+    over all ranks; ``rounds``: mode -> each round's ranks (for the spread
+    across rounds). Adds a mode's step time (the slowest rank's: a step ends
     when every rank's has), the ratios to torch's checkpoint, the hidden
     fraction H = (session - bubble) / (session - none) of the recomputation
-    time, per rank and overall, and the most H the waits allow (from session
-    mode's steps and hideable recomputation)."""
+    time, per rank and overall, the most H the waits allow (from session
+    mode's steps and hideable recomputation), each of those per round (their
+    min-max is the spread the table shows), and whether H came out above its
+    bound (then the run was noisy: it cannot be, but for timing noise)."""
+    spread = _spread(rounds or {mode: [ranks] for mode, ranks in runs.items()})
     modes: Dict[str, Any] = {}
     timelines: Dict[str, Any] = {}
     for mode, ranks in runs.items():
@@ -108,14 +113,32 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
         return min(1.0, max(0.0, step("session") - floor) / (step("session") - step("none")))
 
     world = len(next(iter(runs.values())))
+    h, bound = hidden(), hidden_bound()
     return {
         "config": config,
         "modes": modes,
         "ratios": {f"{m}/torch": ratio(step(m), step("torch")) for m in ("none", "session", "bubble", "budget")
                    if m in modes},
-        "hidden_fraction": {"overall": hidden(), "per_rank": [hidden(r) for r in range(world)]},
-        "hidden_fraction_bound": hidden_bound(),
+        "hidden_fraction": {"overall": h, "per_rank": [hidden(r) for r in range(world)]},
+        "hidden_fraction_bound": bound,
+        "noisy": h is not None and bound is not None and h > bound + 0.01,
+        "rounds": spread,
         "timelines": timelines,
+    }
+
+
+def _spread(rounds: Dict[str, List[List[Dict[str, Any]]]]) -> Dict[str, Any]:
+    """Per round: each mode's step time (slowest rank) and H; with their min and max."""
+    steps = {mode: [max(r["step_s"] for r in ranks) for ranks in per_round] for mode, per_round in rounds.items()}
+    hs: List[Optional[float]] = []
+    if {"session", "bubble", "none"} <= set(steps):
+        for lazy, pre, none in zip(steps["session"], steps["bubble"], steps["none"]):
+            hs.append((lazy - pre) / (lazy - none) if lazy > none else None)
+    known = [x for x in hs if x is not None]
+    return {
+        "step_s": {mode: {"per_round": v, "min": min(v), "max": max(v)} for mode, v in steps.items()},
+        "hidden_fraction": {"per_round": hs, "min": min(known) if known else None,
+                            "max": max(known) if known else None},
     }
 
 
@@ -148,11 +171,20 @@ def table(summary: Dict[str, Any]) -> str:
                    _fmt(r["peak_rss_bytes"], 1 / MiB, 0) + " MiB" for r in some_mode["ranks"]))
     out.append("step time (slowest rank), ratio to torch's checkpoint: " + ", ".join(
         f"{k} {_fmt(v, 1, 3)}" for k, v in summary["ratios"].items()))
+    spread = summary["rounds"]
+    rounds = len(next(iter(spread["step_s"].values()))["per_round"])
+    out.append(f"step ms over {rounds} round{'s' if rounds > 1 else ''} (min-max): " + ", ".join(
+        f"{m} {_fmt(v['min'], 1e3)}-{_fmt(v['max'], 1e3)}" for m, v in spread["step_s"].items()))
     h = summary["hidden_fraction"]
+    hs = spread["hidden_fraction"]
     out.append("hidden fraction of recomputation time H = (session - bubble) / (session - none): overall "
-               + _fmt(h["overall"], 1, 2) + ", per rank " + ", ".join(_fmt(x, 1, 2) for x in h["per_rank"]))
+               + _fmt(h["overall"], 1, 2) + f" (rounds {_fmt(hs['min'], 1, 2)}-{_fmt(hs['max'], 1, 2)})"
+               + ", per rank " + ", ".join(_fmt(x, 1, 2) for x in h["per_rank"]))
     out.append("hideable: recomputation the rank's waits could hold (micro-batches forwarded, backward not begun); "
                "the most H those allow (session steps less hideable): " + _fmt(summary["hidden_fraction_bound"], 1, 2))
+    if summary["noisy"]:
+        out.append("NOISY RUN: H came out above the most the waits allow, which only timing noise can do; the step "
+                   "times are not to be trusted to this precision (more --rounds, more --steps, a quieter machine)")
     return "\n".join(out)
 
 
