@@ -292,8 +292,11 @@ class _StageSessions:
     def close(self, micro_batch: int) -> None:
         mb = self.pending.pop(micro_batch)
         stats = self.owner._stats
-        stats.max_session_bytes = max(stats.max_session_bytes, _C.session_stats(mb.session).peak_bytes)
+        info = _C.session_stats(mb.session)
+        stats.max_session_bytes = max(stats.max_session_bytes, info.peak_bytes)
         _C.clear_session(mb.session)
+        if info.budget_bytes is not None:  # what open() set goes with the session, which then leaves the registry
+            _C.set_session_budget(mb.session, None)
 
     def clear_all(self) -> None:
         for micro_batch in list(self.pending):

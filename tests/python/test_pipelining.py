@@ -166,6 +166,19 @@ def test_enable_warns_when_the_first_step_makes_no_prefire_checkpoint(one_rank):
     sessions.disable()
 
 
+def test_budgeted_sessions_leave_no_budget_behind(one_rank):
+    schedule, _, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
+    sessions = pipelining.enable(schedule, bubble=True, budget_bytes=1 << 20)
+    first = next(pipelining._session_ids)
+    step()
+    step()
+    last = next(pipelining._session_ids)
+    assert sessions.stats().sessions == last - first - 1 > 0
+    # a session that kept its budget would stay in the registry for good
+    assert all(prefire.session_stats(i).budget_bytes is None for i in range(first, last))
+    sessions.disable()
+
+
 def test_bubble_warmup_steps_is_an_argument(one_rank):
     schedule, _, _ = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
     with pytest.raises(ValueError, match="bubble_warmup_steps must be an int >= 2"):
