@@ -31,6 +31,7 @@
 
 #include "../profiling/nvtx.h"
 
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
@@ -170,14 +171,17 @@ TensorList WeightPass::run(bool accumulate_into_grad) {
   s.roots.clear();
   s.root_grads.clear();
   if (accumulate_into_grad) {
+    // Into each parameter's own AccumulateGrad node, as a plain backward does:
+    // under its lock (W passes on two threads may share a weight), with the
+    // gradient layout contract and the post-accumulate-grad hooks. The
+    // parameter's tensor hooks already ran on the captured gradient (the
+    // engine runs them on captures), so the node is applied directly, not
+    // through the engine, which would run them a second time.
+    at::NoGradGuard no_grad;  // as the engine runs it without create_graph
     for (size_t i = 0; i < s.params.size(); ++i) {
       if (!grads[i].defined()) continue;
-      at::Tensor& grad = s.params[i].mutable_grad();
-      if (grad.defined()) {
-        grad.add_(grads[i]);
-      } else {
-        grad = grads[i].clone();
-      }
+      auto accumulator = torch::autograd::impl::grad_accumulator(s.params[i]);  // shared_ptr or intrusive_ptr by torch version
+      (*accumulator)({grads[i]});
     }
   }
   return grads;

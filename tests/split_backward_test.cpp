@@ -12,6 +12,9 @@
 
 #include <torch/csrc/autograd/function_hook.h>
 
+#include <atomic>
+#include <thread>
+
 namespace prefire::testing {
 namespace {
 
@@ -69,6 +72,41 @@ TEST(SplitBackward, WeightPassOnAnotherThreadAndAccumulatedIntoGrad) {
     EXPECT_TRUE(at::equal(params[i].grad(), dw_ref[i])) << "param " << i;
     params[i].mutable_grad().reset();
   }
+}
+
+// Accumulating is what a plain backward's AccumulateGrad does: under its
+// lock (two W passes on two threads into one shared weight), running the
+// parameter's hooks once per pass.
+TEST(SplitBackward, WeightPassesAccumulateLikeAutogradFromTwoThreads) {
+  auto w = param({kDim, kDim});
+  std::atomic<int> before_accumulate{0}, after_accumulate{0};
+  w.register_hook([counter = &before_accumulate](const at::Tensor& g) {
+    ++*counter;
+    return g;
+  });
+  struct Count final : torch::autograd::PostAccumulateGradHook {
+    explicit Count(std::atomic<int>& n) : n_(n) {}
+    void operator()(const torch::autograd::Variable&) override { ++n_; }
+    std::atomic<int>& n_;
+  };
+  torch::autograd::impl::set_post_acc_grad_hooks(w, std::make_unique<Count>(after_accumulate));
+  for (int iteration = 0; iteration < 200; ++iteration) {
+    w.mutable_grad().reset();
+    std::vector<SplitBackward> splits;
+    for (int k = 0; k < 2; ++k) {
+      auto x = at::randn({64, kDim}).requires_grad_(true);
+      auto y = at::linear(x, w).sin();
+      splits.push_back(backward_input({y}, {at::ones_like(y)}, {x}, {w}));
+    }
+    TensorList g0, g1;
+    std::thread other = pinned_thread([&] { g1 = splits[1].weight_pass.run(/*accumulate_into_grad=*/true); });
+    g0 = splits[0].weight_pass.run(/*accumulate_into_grad=*/true);
+    other.join();
+    // AccumulateGrad adds in either order; both orders of a sum of two are the same bits
+    ASSERT_TRUE(at::equal(w.grad(), g0[0] + g1[0])) << "iteration " << iteration;
+  }
+  EXPECT_EQ(before_accumulate.load(), 400) << "the parameter's tensor hooks run once per pass";
+  EXPECT_EQ(after_accumulate.load(), 400) << "post-accumulate-grad hooks run once per pass";
 }
 
 TEST(SplitBackward, WeightPassRunsOnlyTheWeightPart) {

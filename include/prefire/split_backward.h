@@ -37,7 +37,11 @@ class WeightPass {
   /// Computes the gradients of the parameters given to backward_input(), in
   /// their order, executing only the nodes between the gradients B captured
   /// and the parameters; with `accumulate_into_grad`, also adds each into its
-  /// parameter's grad(). Bit-equal to what one plain backward would give.
+  /// parameter's grad() as a plain backward does (through the parameter's
+  /// AccumulateGrad: its lock, so passes on several threads may share a
+  /// weight, its post-accumulate-grad hooks, the gradient layout contract; the
+  /// parameter's tensor hooks run once, on the gradient returned too).
+  /// Bit-equal to what one plain backward would give.
   ///
   /// Once: a second run raises std::logic_error, as does a default-made pass.
   /// When the graph's weight part was freed meanwhile (a backward without
