@@ -463,11 +463,16 @@ std::shared_ptr<Recomputation> Frame::recomputation_for(int64_t graph_task) {
 
 std::shared_ptr<Recomputation> Frame::recomputation_for(const c10::SafePyObject& group) {
   PyObject* const key = group.ptr(&group.pyinterpreter());
+  // The reference is taken before mu_ and, when not kept, given back after it
+  // (declared before the lock, destroyed after it): both take the GIL, and a
+  // thread holding the GIL may wait for mu_ (a graph freed from Python
+  // releases its slots).
+  c10::SafePyObject reference = group;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [held, r] : groups_) {
     if (held.ptr(&held.pyinterpreter()) == key) return r;
   }
-  return groups_.emplace_back(group, std::make_shared<Recomputation>()).second;
+  return groups_.emplace_back(std::move(reference), std::make_shared<Recomputation>()).second;
 }
 
 void Frame::drop(int64_t graph_task) noexcept {
