@@ -34,6 +34,14 @@ Measuring is needed because a Gloo receive reports completion only once
 waited on (``is_completed()`` is False before ``wait()`` however long ago
 the data came); backends that report arrival also stop the prefires early
 through ``is_completed()``.
+
+On a stage that holds FSDP2 modules a prefire may all-gather (Note
+[Prefire of FSDP2-sharded blocks] in _fsdp.py): a collective that every
+rank of the FSDP group must issue at the same point, where the ranks' waits
+(and so these rules' choices) differ, and an all-gather that backward would
+then do again. So both rules pass over such a stage's micro-batches while
+any of its FSDP modules is resharded, and prefire them only while all are
+gathered: no collective, no all-gather added.
 """
 
 from __future__ import annotations
@@ -122,8 +130,11 @@ class BubbleFiller:
         """Prefires ``target``'s checkpoints, last block first, while the
         receive is pending and ``fits()``; returns how many it recomputed and
         whether it stopped for the receive or the time (not for running out
-        of checkpoints or budget)."""
+        of checkpoints or budget). A micro-batch not ``ready()`` is passed
+        over (an FSDP2 stage not all gathered; Note [Filling bubbles])."""
         mb = self.pending(*target)
+        if mb is not None and mb.ready is not None and not mb.ready():
+            return 0, False  # its recomputation would all-gather (FSDP2): left to B
         ran = 0
         while mb is not None and mb.prefired < len(mb.handles):
             if (works and all(w.is_completed() for w in works)) or not fits():

@@ -3,6 +3,7 @@ over prefire's C++ checkpoint, and torch's checkpoint_wrapper over it."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any, Callable, ContextManager, Optional, Tuple
 
@@ -13,7 +14,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _pytree as pytree
 from torch.utils._device import DeviceContext
 
-from . import _C
+from . import _C, _fsdp
 
 #: Raised for checkpoint misuse; a torch.utils.checkpoint.CheckpointError.
 CheckpointError = _C.CheckpointError
@@ -204,10 +205,18 @@ def checkpoint(
     def run(tensors):
         if types is not None:
             tensors = [_as_forward_type(t, cls) for t, cls in zip(tensors, types)]
-        if device is not None and "done" in forward:  # a recomputation: forward's torch.device(...) context
-            with DeviceContext(device):
-                return call(tensors)
-        return call(tensors)
+        if "done" not in forward:
+            return call(tensors)
+        # A recomputation: forward's torch.device(...) context, FSDP2's
+        # parameters gathered (Note [Prefire of FSDP2-sharded blocks]).
+        if "fsdp" not in forward:
+            forward["fsdp"] = _fsdp.states_of(function)
+        with contextlib.ExitStack() as contexts:
+            if device is not None:
+                contexts.enter_context(DeviceContext(device))
+            if forward["fsdp"]:
+                contexts.enter_context(_fsdp.gathered(forward["fsdp"]))
+            return call(tensors)
 
     def call(tensors):
         if spec is None:

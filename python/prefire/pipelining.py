@@ -78,7 +78,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from . import _C
+from . import _C, _fsdp
 from ._bubbles import BubbleFiller
 from ._schedule import collect, session
 
@@ -204,6 +204,16 @@ class _MicroBatch:
     session: int
     handles: List[Any] = field(default_factory=list)
     prefired: int = 0   # handles prefired so far, from the last one back
+    # None, or whether its prefires issue no collective now (an FSDP2 stage: all gathered)
+    ready: Optional[Callable[[], bool]] = None
+
+
+def _holds_fsdp(module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules())
 
 
 class _StageSessions:
@@ -219,6 +229,7 @@ class _StageSessions:
         self.pending: Dict[int, _MicroBatch] = {}
         self.forwards = 0            # forwards through the wrapper since the last step began
         self.checkpoints = 0         # prefire checkpoints its forwards made, ever
+        self.fsdp = _holds_fsdp(stage.submod)
         if getattr(stage, "_prefire_sessions", None) is not None:
             raise RuntimeError(f"prefire.pipelining.enable: stage {stage.stage_index} already has prefire sessions "
                                "(enable was called twice for its schedule)")
@@ -267,7 +278,8 @@ class _StageSessions:
             self.close(micro_batch)
         if not handles:
             return
-        mb = _MicroBatch(next(_session_ids), list(handles))
+        ready = (lambda: _fsdp.all_gathered(self.stage.submod)) if self.fsdp else None
+        mb = _MicroBatch(next(_session_ids), list(handles), ready=ready)
         if self.owner.budget_bytes is not None:
             _C.set_session_budget(mb.session, self.owner.budget_bytes)
         for handle in mb.handles:

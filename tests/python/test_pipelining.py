@@ -398,3 +398,34 @@ def test_bubble_filler_prefires_the_next_backward_at_its_receive_and_others_with
     mbs[(1, 0)].prefired = 0
     wait("backward", 1, 0, 0.0, works=[FakeWork(completed=True)])
     assert len(prefired) == 5
+
+
+def test_bubble_filler_passes_over_a_micro_batch_whose_prefire_would_issue_a_collective():
+    """An FSDP2 stage with a resharded module (ready() False): neither rule
+    prefires it, the receive's own nor a timed one; once ready, both do."""
+    from prefire._bubbles import BubbleFiller
+    from prefire.pipelining import PipelineStats, _MicroBatch
+
+    clock = [0.0]
+    prefired = []
+    gathered = [False]
+
+    def prefire_fn(handle, session):
+        clock[0] += 0.010
+        prefired.append((session, handle))
+        return prefire.PrefireStatus.RECOMPUTED
+
+    mbs = {(1, 0): _MicroBatch(10, ["a0", "b0"], ready=lambda: gathered[0]),
+           (1, 1): _MicroBatch(11, ["a1", "b1"], ready=lambda: gathered[0])}
+    filler = BubbleFiller(FakeSchedule(), lambda s, m: mbs.get((s, m)), PipelineStats(), prefire_fn,
+                          lambda: clock[0])
+    for _ in range(4):
+        filler.new_step()
+    filler.slack[("forward", 1, 0)] = 1.0   # room for everything
+    filler.slack[("backward", 1, 0)] = 1.0
+    filler.before_wait("forward", 1, 0, [])
+    filler.before_wait("backward", 1, 0, [])
+    assert prefired == []
+    gathered[0] = True
+    filler.before_wait("backward", 1, 0, [])
+    assert prefired == [(10, "b0"), (10, "a0"), (11, "b1"), (11, "a1")]
