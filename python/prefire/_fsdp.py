@@ -64,6 +64,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
+
 def _module_of(function: Any) -> Optional[torch.nn.Module]:
     while isinstance(function, functools.partial):
         function = function.func
