@@ -379,24 +379,28 @@ at::Tensor Frame::unpack(size_t slot) {
   }
   if (const c10::SafePyObject* group = current_graph_exec_group()) {
     std::shared_ptr<Recomputation> r = recomputation_for(*group);
-    if (auto event = compute_once(*r, RecomputeEvent::Kind::kLazy, std::nullopt, full_extent())) {
-      notify_recompute(*event);
-    }
+    compute_lazily(*r, full_extent());
     return take(*r, slot, /*retain=*/false, std::nullopt, /*in_group=*/true);
   }
+  return unpack_by_graph_task(slot, full_extent());
+}
+
+// Keys 3 and 4 of Note [Recomputation keys]: the backward graph task's
+// recomputation, or outside backward a private one.
+at::Tensor Frame::unpack_by_graph_task(size_t slot, const Extent& extent) {
   const int64_t graph_task = current_graph_task_id();
   if (graph_task < 0) {
     Recomputation r;
-    if (auto event = compute_once(r, RecomputeEvent::Kind::kLazy, std::nullopt, full_extent())) {
-      notify_recompute(*event);
-    }
+    compute_lazily(r, extent);
     return take(r, slot, /*retain=*/false, std::nullopt);
   }
   std::shared_ptr<Recomputation> r = recomputation_for(graph_task);
-  if (auto event = compute_once(*r, RecomputeEvent::Kind::kLazy, std::nullopt, full_extent())) {
-    notify_recompute(*event);
-  }
+  compute_lazily(*r, extent);
   return take(*r, slot, /*retain=*/false, std::nullopt);
+}
+
+void Frame::compute_lazily(Recomputation& r, const Extent& extent) {
+  if (auto event = compute_once(r, RecomputeEvent::Kind::kLazy, std::nullopt, extent)) notify_recompute(*event);
 }
 
 // Note [Backward inside the checkpointed function]
@@ -419,15 +423,7 @@ at::Tensor Frame::unpack_in_forward(size_t slot) {
     extent = Extent{alive_.size(), /*stop_at_last=*/true};
   }
   TORCH_INTERNAL_ASSERT(slot < extent.slots, "unpack of slot ", slot, " before it was saved");
-  const int64_t graph_task = current_graph_task_id();
-  if (graph_task < 0) {
-    Recomputation r;
-    if (auto event = compute_once(r, RecomputeEvent::Kind::kLazy, std::nullopt, extent)) notify_recompute(*event);
-    return take(r, slot, /*retain=*/false, std::nullopt);
-  }
-  std::shared_ptr<Recomputation> r = recomputation_for(graph_task);
-  if (auto event = compute_once(*r, RecomputeEvent::Kind::kLazy, std::nullopt, extent)) notify_recompute(*event);
-  return take(*r, slot, /*retain=*/false, std::nullopt);
+  return unpack_by_graph_task(slot, extent);
 }
 
 std::optional<Frame::SessionUnpack> Frame::session_for_unpack() const {

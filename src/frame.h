@@ -128,6 +128,9 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   Extent full_extent() const { return {num_slots_, stop_at_last_slot_}; }
   /// An unpack while forward still runs; see Note [Backward inside the checkpointed function].
   at::Tensor unpack_in_forward(size_t slot);
+  at::Tensor unpack_by_graph_task(size_t slot, const Extent& extent);
+  /// compute_once() of a lazy recomputation outside sessions, telling the observer.
+  void compute_lazily(Recomputation& r, const Extent& extent);
   std::shared_ptr<Recomputation> recomputation_for(int64_t graph_task);
   std::shared_ptr<Recomputation> recomputation_for(const c10::SafePyObject& group);
   void drop(int64_t graph_task) noexcept;
