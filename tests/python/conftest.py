@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -10,3 +12,17 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def no_children_left():
+    """A check that this process has no child process left (the pipeline
+    tests: no rank outlives its launcher)."""
+    def check() -> bool:
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        return False
+
+    return check

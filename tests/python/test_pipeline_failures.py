@@ -23,14 +23,6 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
 
 
-def no_children_left():
-    try:
-        os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return False
-
-
 @pytest.fixture
 def private_tmp(tmp_path, monkeypatch):
     """A temporary directory of this test's own for the launcher's files."""
@@ -42,7 +34,8 @@ def private_tmp(tmp_path, monkeypatch):
     ("forward:1", ("none",), "injected fault: a forward of stage"),
     ("bubble:*", ("bubble",), "injected fault: a recomputation of block"),
 ], ids=["forward", "bubble-prefire"])
-def test_a_failing_rank_is_reported_with_its_exception_first(where, modes, expected, monkeypatch, private_tmp):
+def test_a_failing_rank_is_reported_with_its_exception_first(where, modes, expected, monkeypatch, private_tmp,
+                                                             no_children_left):
     monkeypatch.setenv("PREFIRE_PIPELINE_FAULT", where)
     cfg = RunConfig(model=TINY, schedule="zbv", modes=modes, steps=1, warmup=4, timeout_s=120)
     with pytest.raises(RuntimeError) as raised:

@@ -5,7 +5,6 @@ receives), where sessions alone decide the recomputation count. Across
 processes: the pipeline program (prefire.pipeline) on 2 ranks over Gloo,
 every mode, started and torn down by the test."""
 
-import os
 import re
 
 import pytest
@@ -188,15 +187,7 @@ def test_bubble_warmup_steps_is_an_argument(one_rank):
     sessions.disable()
 
 
-def no_children_left():
-    try:
-        os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return False
-
-
-def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_recomputation():
+def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_recomputation(no_children_left):
     cfg = RunConfig(model=TINY, schedule="zbv", steps=1, warmup=4, timeout_s=60)
     summary = run(cfg, world=2)
     assert list(summary["modes"]) == list(cfg.modes)
@@ -236,7 +227,7 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
     assert set(summary["timelines"]) == set(summary["modes"])
 
 
-def test_eval_after_training_with_bubbles_recomputes_nothing():
+def test_eval_after_training_with_bubbles_recomputes_nothing(no_children_left):
     # schedule.eval() on one rank with local stage pairs fails in torch 2.14
     # itself ("can't steal_bwd_input"), so two ranks, interleaved zero bubble
     cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("session", "bubble"), steps=1, warmup=4,
@@ -270,7 +261,7 @@ def test_hideable_recomputation_fills_waits_with_forwarded_micro_batches_whose_b
     assert hideable_s([e for e in events if e[0] != "wait"], 2.0) == 0.0
 
 
-def test_a_rank_past_its_deadline_ends_the_run_and_leaves_no_process():
+def test_a_rank_past_its_deadline_ends_the_run_and_leaves_no_process(no_children_left):
     cfg = RunConfig(model=TINY, schedule="zbv", modes=("none",), steps=1, warmup=0, timeout_s=0.5)
     with pytest.raises(TimeoutError, match="ran past"):
         run(cfg, world=2)

@@ -95,10 +95,7 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
         return a / b if a is not None and b else None
 
     def hidden(rank: Optional[int] = None) -> Optional[float]:
-        lazy, pre, none = step("session", rank), step("bubble", rank), step("none", rank)
-        if None in (lazy, pre, none) or lazy <= none:
-            return None
-        return (lazy - pre) / (lazy - none)
+        return _hidden_fraction(step("session", rank), step("bubble", rank), step("none", rank))
 
     def hidden_bound() -> Optional[float]:
         # In bubble mode a rank does all of session mode's work and can move
@@ -127,13 +124,20 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
     }
 
 
+def _hidden_fraction(lazy: Optional[float], pre: Optional[float], none: Optional[float]) -> Optional[float]:
+    """H = (session - bubble) / (session - none): the share of the
+    recomputation time that bubble prefires hid; None where it is undefined."""
+    if None in (lazy, pre, none) or lazy <= none:
+        return None
+    return (lazy - pre) / (lazy - none)
+
+
 def _spread(rounds: Dict[str, List[List[Dict[str, Any]]]]) -> Dict[str, Any]:
     """Per round: each mode's step time (slowest rank) and H; with their min and max."""
     steps = {mode: [max(r["step_s"] for r in ranks) for ranks in per_round] for mode, per_round in rounds.items()}
     hs: List[Optional[float]] = []
     if {"session", "bubble", "none"} <= set(steps):
-        for lazy, pre, none in zip(steps["session"], steps["bubble"], steps["none"]):
-            hs.append((lazy - pre) / (lazy - none) if lazy > none else None)
+        hs = [_hidden_fraction(*times) for times in zip(steps["session"], steps["bubble"], steps["none"])]
     known = [x for x in hs if x is not None]
     return {
         "step_s": {mode: {"per_round": v, "min": min(v), "max": max(v)} for mode, v in steps.items()},
