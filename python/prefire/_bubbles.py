@@ -5,7 +5,8 @@ Note [Filling bubbles]
 A wait point is a (kind, stage, micro-batch) receive the schedule waits on;
 the same points recur every step, with about the same idle time. Two rules
 decide what a rank recomputes there, both stopping when the receive is
-reported complete or the micro-batch's session budget refuses a prefire:
+reported complete or the rank's byte budget refuses a prefire (Note [A
+rank's byte budget] in _budget.py):
 
 1. At a backward receive of (stage, micro-batch) the rank's next compute is
    that micro-batch's backward, which would recompute its checkpoints first
@@ -50,6 +51,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _C
+from ._order import rank_actions
 
 _ENDED_AT_ONCE_S = 1e-4
 
@@ -82,12 +84,7 @@ class BubbleFiller:
     def order(self) -> List[Tuple[int, int]]:
         """This rank's backward actions (B or full backward), in schedule order."""
         if self._order is None:
-            from torch.distributed.pipelining.schedules import BACKWARD_INPUT, FULL_BACKWARD
-
-            actions = [a for action in self.schedule.pipeline_order_with_comms[self.schedule.rank]
-                       if action is not None for a in (action.sub_actions or (action,))]  # OVERLAP_F_B: its parts
-            self._order = [(a.stage_index, a.microbatch_index) for a in actions
-                           if a.computation_type in (BACKWARD_INPUT, FULL_BACKWARD)]
+            self._order = [(stage, mb) for kind, stage, mb in rank_actions(self.schedule) if kind in ("B", "BW")]
         return self._order
 
     def new_step(self, training: bool = True) -> None:

@@ -13,9 +13,13 @@ gradients), the rank recomputes, last block first (the order B needs them):
 at the receive of a micro-batch's gradient, that micro-batch's checkpoints,
 which its backward, next, would recompute anyway; at any receive, those of
 the micro-batches whose backward comes next on it, for as long as the wait
-lasted when nothing was prefired; all under a byte budget per session
-(``budget_bytes``). What is left is recomputed lazily by B.
+lasted when nothing was prefired. What is left is recomputed lazily by B.
 See Note [Filling bubbles] in ``_bubbles.py``.
+
+With ``budget_bytes=N``, the rank's sessions hold at most N bytes of
+recomputed activations at once: bubble prefires stop short of it, and a
+micro-batch whose recomputation B would keep for W over it lets go after B
+(W recomputes it). See Note [A rank's byte budget] in ``_budget.py``.
 
 Note [Where prefire hooks into a pipeline schedule]
 The stages are the one place every schedule goes through: a schedule calls
@@ -74,12 +78,13 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _C, _fsdp
 from ._bubbles import BubbleFiller
+from ._budget import RankBudget
 from ._schedule import collect, session
 
 __all__ = ["PipelineStats", "Pipelining", "enable", "on_receive_wait"]
@@ -194,9 +199,10 @@ class PipelineStats:
 
     sessions: int = 0             # micro-batch sessions opened (one per stage and micro-batch)
     bubble_prefires: int = 0      # checkpoints recomputed while waiting on a receive
-    bubble_refused: int = 0       # bubble prefires the session budget refused (left to B)
+    bubble_refused: int = 0       # bubble prefires the budget refused (left to B)
     bubble_seconds: float = 0.0   # host time spent on bubble prefires
     max_session_bytes: int = 0    # the most bytes one micro-batch's session held (its peak)
+    released_after_b: int = 0     # micro-batches whose recomputation B let go for the budget (W recomputed it)
 
 
 @dataclass
@@ -206,6 +212,7 @@ class _MicroBatch:
     prefired: int = 0   # handles prefired so far, from the last one back
     # None, or whether its prefires issue no collective now (an FSDP2 stage: all gathered)
     ready: Optional[Callable[[], bool]] = None
+    w_recomputes: bool = False  # B let go of its recomputation for the budget: W recomputes into this session
 
 
 def _holds_fsdp(module) -> bool:
@@ -255,6 +262,8 @@ class _StageSessions:
                 owner.bubbles.backward_started(stage.stage_index, bwd_chunk_id)
             # B keeps what it recomputed for W; a full backward is the last pass.
             self.run_pass(bwd_chunk_id, not full, lambda: original["backward_one_chunk"](bwd_chunk_id, *args, **kwargs))
+            if not full:
+                self.after_b(bwd_chunk_id)
 
         def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
             self.run_pass(bwd_chunk_id, False,
@@ -278,14 +287,28 @@ class _StageSessions:
             self.close(micro_batch)
         if not handles:
             return
+        self.pending[micro_batch] = self._new_session(handles)
+        self.owner._stats.sessions += 1
+
+    def _new_session(self, handles) -> _MicroBatch:
         ready = (lambda: _fsdp.all_gathered(self.stage.submod)) if self.fsdp else None
         mb = _MicroBatch(next(_session_ids), list(handles), ready=ready)
-        if self.owner.budget_bytes is not None:
-            _C.set_session_budget(mb.session, self.owner.budget_bytes)
         for handle in mb.handles:
             _C.attach(handle, mb.session)
-        self.pending[micro_batch] = mb
-        self.owner._stats.sessions += 1
+        return mb
+
+    def after_b(self, micro_batch: int) -> None:
+        """Lets go of what B recomputed when keeping it for W would break
+        the rank's budget; W then recomputes into a session of its own
+        (Note [A rank's byte budget])."""
+        mb = self.pending.get(micro_batch)
+        if mb is None or self.owner.budget.keeps_for_w((self.stage.stage_index, micro_batch)):
+            return
+        self.close(micro_batch)
+        w = self.pending[micro_batch] = self._new_session(mb.handles)
+        w.w_recomputes = True
+        w.prefired = len(w.handles)  # no bubble prefire for W: it recomputes lazily
+        self.owner._stats.released_after_b += 1
 
     def run_pass(self, micro_batch: int, retain: bool, run: Callable[[], Any]) -> None:
         mb = self.pending.get(micro_batch)
@@ -307,8 +330,9 @@ class _StageSessions:
         info = _C.session_stats(mb.session)
         stats.max_session_bytes = max(stats.max_session_bytes, info.peak_bytes)
         _C.clear_session(mb.session)
-        if info.budget_bytes is not None:  # what open() set goes with the session, which then leaves the registry
+        if info.budget_bytes is not None:  # a bubble prefire's cap goes with the session, which then leaves the registry
             _C.set_session_budget(mb.session, None)
+        self.owner.budget.closed(self.stage.stage_index, info.peak_bytes)
 
     def clear_all(self) -> None:
         for micro_batch in list(self.pending):
@@ -371,18 +395,16 @@ def _check_hook_points(stages: List[Any]) -> None:
                 f"{torch.__version__}; prefire reads full_backward as its third argument")
 
 
-def _check_budget(budget_bytes: Optional[int], bubble: bool) -> None:
+def _check_budget(budget_bytes: Optional[int]) -> None:
     if budget_bytes is not None and (type(budget_bytes) is not int or budget_bytes < 0):
         raise ValueError(f"prefire.pipelining: budget_bytes must be a non-negative int or None, got {budget_bytes!r}")
-    if budget_bytes is not None and not bubble:
-        raise ValueError("prefire.pipelining: budget_bytes caps bubble prefires; enable with bubble=True")
 
 
 class Pipelining:
     """The prefire sessions of one schedule (made by :func:`enable`)."""
 
     def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int = 3) -> None:
-        _check_budget(budget_bytes, bubble)
+        _check_budget(budget_bytes)
         if type(bubble_warmup_steps) is not int or bubble_warmup_steps < 2:
             raise ValueError(f"prefire.pipelining: bubble_warmup_steps must be an int >= 2 (the first step only "
                              f"warms up), got {bubble_warmup_steps!r}")
@@ -392,7 +414,7 @@ class Pipelining:
         tables = _receive_tables(schedule) if bubble else []  # checks the schedule before anything is wrapped
         self.schedule = schedule
         self.first_stage = stages[0]
-        self.budget_bytes = budget_bytes
+        self.budget = RankBudget(budget_bytes, schedule, self._open_sessions)
         self._tables = tables
         self._training_steps = 0   # steps begun with a backward (Note [Hook points fail loudly])
         self._checked = False
@@ -407,7 +429,8 @@ class Pipelining:
             self.disable()
             raise
         if bubble:
-            self.bubbles = BubbleFiller(schedule, self._pending, self._stats, warmup_steps=bubble_warmup_steps)
+            self.bubbles = BubbleFiller(schedule, self._pending, self._stats, prefire=self._bubble_prefire,
+                                        warmup_steps=bubble_warmup_steps)
             self._remove_callbacks = on_receive_wait(schedule, before=self.bubbles.before_wait,
                                                      after=self.bubbles.after_wait)
 
@@ -459,10 +482,25 @@ class Pipelining:
         sessions = self._stages.get(stage_index)
         return sessions.pending.get(micro_batch) if sessions is not None else None
 
+    def _open_sessions(self) -> Dict[Tuple[int, int], _MicroBatch]:
+        return {(index, micro_batch): mb for index, sessions in self._stages.items()
+                for micro_batch, mb in sessions.pending.items()}
+
+    def _bubble_prefire(self, handle, session: int):
+        room = self.budget.room_for_prefires(session)
+        if room is not None:
+            _C.set_session_budget(session, room)
+        return _C.prefire(handle, session)
+
+    @property
+    def budget_bytes(self) -> Optional[int]:
+        return self.budget.bytes
+
     def set_budget_bytes(self, budget_bytes: Optional[int]) -> None:
-        """Sets the byte budget of the sessions opened from now on."""
-        _check_budget(budget_bytes, self.bubbles is not None)
-        self.budget_bytes = budget_bytes
+        """Sets the rank's byte budget (None: none), from the next prefire
+        and the next B on (Note [A rank's byte budget])."""
+        _check_budget(budget_bytes)
+        self.budget.set(budget_bytes)
 
     def stats(self) -> PipelineStats:
         return PipelineStats(**vars(self._stats))
@@ -493,9 +531,12 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
             backward comes next while the rank waits on a receive (schedules
             built on ``_PipelineScheduleRuntime`` only; nothing in the first
             ``bubble_warmup_steps`` training steps, which measure the waits).
-        budget_bytes: at most this many bytes of bubble prefires per
-            micro-batch session (forward bytes of what they recompute); a
-            prefire that would exceed it is left to B. Needs ``bubble``.
+        budget_bytes: at most this many bytes of recomputed activations
+            held by the rank's sessions at once: bubble prefires stop short
+            of it, and a micro-batch whose recomputation B would keep for W
+            over it lets go after B (W recomputes it). One pass's
+            recomputation is the floor; a budget below it warns (Note [A
+            rank's byte budget]).
         bubble_warmup_steps: training steps (``schedule.eval()`` steps do
             not count) before bubble prefires begin: the first warms up, the
             others measure each wait's length (Note [Filling bubbles]). At

@@ -12,6 +12,7 @@ bubble=True. CPU, one intra-op thread per rank."""
 
 import os
 import time
+import warnings
 
 import pytest
 import torch
@@ -194,7 +195,7 @@ def titan_worker(rank, store_path, results_dir):
         pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
         mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         out = {}
-        for ac in ("none", "torch", "prefire"):
+        for ac in ("none", "torch", "prefire", "prefire-budget"):
             torch.manual_seed(0)
             all_blocks = [Block() for _ in range(2 * STAGES)]
             mine = [s for s in range(STAGES) if s % 2 == pp_rank]
@@ -203,7 +204,7 @@ def titan_worker(rank, store_path, results_dir):
             for s in mine:
                 blocks = all_blocks[2 * s:2 * s + 2]
                 if ac != "none":
-                    fn = prefire.checkpoint if ac == "prefire" else torch_checkpoint.checkpoint
+                    fn = torch_checkpoint.checkpoint if ac == "torch" else prefire.checkpoint
                     blocks = [checkpoint_wrapper(b, checkpoint_fn=fn, use_reentrant=False) if ac == "torch"
                               else checkpoint_wrapper(b, checkpoint_fn=fn) for b in blocks]
                 for b in blocks:
@@ -214,13 +215,16 @@ def titan_worker(rank, store_path, results_dir):
                 stages.append(pp.PipelineStage(module, s, STAGES, torch.device("cpu"), group=mesh["pp"].get_group()))
             schedule = pp.ScheduleInterleavedZeroBubble(
                 stages, MICRO_BATCHES, loss_fn=lambda y, t: (y.float() - t).square().mean())
-            pipelining = prefire.pipelining.enable(schedule, bubble=True, bubble_warmup_steps=2) \
-                if ac == "prefire" else None
+            # prefire-budget: a budget of 0 keeps nothing from B to W (W recomputes) and prefires nothing
+            pipelining = prefire.pipelining.enable(schedule, bubble=True, bubble_warmup_steps=2,
+                                                   budget_bytes=0 if ac == "prefire-budget" else None) \
+                if ac.startswith("prefire") else None
             optimizer = torch.optim.SGD(params, lr=0.1)
             torch.manual_seed(10 + dp_rank)
             data = [(torch.randn(2 * MICRO_BATCHES, DIM), torch.randn(2 * MICRO_BATCHES, DIM))
                     for _ in range(STEPS)]
             losses, step_runs, step_gathers, step_s = [], [], [], []
+            warnings.filterwarnings("ignore", message=".*budget_bytes=0 is below")
             for x, target in data:
                 began = time.perf_counter()
                 optimizer.zero_grad()
@@ -237,7 +241,8 @@ def titan_worker(rank, store_path, results_dir):
                 step_s.append(time.perf_counter() - began)
             out[ac] = {"losses": losses, "params": [p.full_tensor() for p in params], "runs": step_runs,
                        "gathers": step_gathers, "seconds": step_s,
-                       "bubble_prefires": pipelining.stats().bubble_prefires if pipelining else 0}
+                       "bubble_prefires": pipelining.stats().bubble_prefires if pipelining else 0,
+                       "released_after_b": pipelining.stats().released_after_b if pipelining else 0}
             if pipelining is not None:
                 pipelining.disable()
         torch.save(out, os.path.join(results_dir, f"rank{rank}.pt"))
@@ -251,8 +256,8 @@ def test_torchtitan_stack_pp2_fsdp2_bubble_prefire_equals_no_checkpointing_with_
     blocks_per_rank = 2 * STAGES // 2
     for rank in range(4):
         out = torch.load(tmp_path / f"rank{rank}.pt")
-        none, with_torch, with_prefire = out["none"], out["torch"], out["prefire"]
-        for ac in (with_torch, with_prefire):
+        none, with_torch, with_prefire, budgeted = out["none"], out["torch"], out["prefire"], out["prefire-budget"]
+        for ac in (with_torch, with_prefire, budgeted):
             assert ac["losses"] == none["losses"], rank
             for p, e in zip(ac["params"], none["params"]):
                 assert torch.equal(p, e), rank
@@ -267,9 +272,16 @@ def test_torchtitan_stack_pp2_fsdp2_bubble_prefire_equals_no_checkpointing_with_
         assert with_prefire["bubble_prefires"] > 0, rank
         assert all(p <= t for t, p in zip(with_torch["gathers"], with_prefire["gathers"])), \
             (rank, with_torch["gathers"], with_prefire["gathers"])
+        # budget 0: W recomputes what B let go (the stage is unsharded for W: no all-gather added)
+        assert budgeted["released_after_b"] > 0 and budgeted["bubble_prefires"] == 0, rank
+        assert all(p < b <= t for t, p, b in zip(with_torch["runs"], with_prefire["runs"], budgeted["runs"])), \
+            (rank, with_torch["runs"], budgeted["runs"])
+        assert all(b <= t for t, b in zip(with_torch["gathers"], budgeted["gathers"])), \
+            (rank, with_torch["gathers"], budgeted["gathers"])
         print(f"rank {rank}: block runs per step none {none['runs'][-1]}, torch AC {with_torch['runs'][-1]}, "
-              f"prefire {with_prefire['runs'][-1]}; all-gathers per step none {none['gathers'][-1]}, "
-              f"torch AC {with_torch['gathers'][-1]}, prefire {with_prefire['gathers'][-1]}; "
+              f"prefire {with_prefire['runs'][-1]}, prefire budget 0 {budgeted['runs'][-1]}; all-gathers per step "
+              f"none {none['gathers'][-1]}, torch AC {with_torch['gathers'][-1]}, prefire {with_prefire['gathers'][-1]}, "
+              f"prefire budget 0 {budgeted['gathers'][-1]}; "
               f"bubble prefires {with_prefire['bubble_prefires']}; last step's time against no checkpointing "
               f"(not asserted): torch AC {with_torch['seconds'][-1] / none['seconds'][-1]:.2f}, "
               f"prefire {with_prefire['seconds'][-1] / none['seconds'][-1]:.2f}")

@@ -91,8 +91,8 @@ def test_enable_errors(one_rank):
     with pytest.raises(TypeError, match="expected a torch.distributed.pipelining schedule"):
         pipelining.enable(object())
     schedule, _, _ = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
-    with pytest.raises(ValueError, match="enable with bubble=True"):
-        pipelining.enable(schedule, budget_bytes=1 << 20)
+    with pytest.raises(ValueError, match="non-negative int"):
+        pipelining.enable(schedule, budget_bytes=1.5)
     with pytest.raises(ValueError, match="non-negative int"):
         pipelining.enable(schedule, bubble=True, budget_bytes=-1)
     sessions = pipelining.enable(schedule, bubble=True, budget_bytes=1 << 20)
@@ -178,6 +178,40 @@ def test_budgeted_sessions_leave_no_budget_behind(one_rank):
     sessions.disable()
 
 
+def test_a_budget_below_one_pass_keeps_nothing_for_w_and_says_so(one_rank):
+    expected = reference_gradients(TINY)
+    schedule, modules, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
+    sessions = pipelining.enable(schedule)
+    step()
+    runs = count_runs(modules)
+    prefire.reset_runtime_peak()
+    step()
+    unbudgeted = dict(runs)
+    assert set(unbudgeted.values()) == {2 * TINY.micro_batches}  # forward and one recomputation
+    one_pass = sessions.budget.pass_bytes
+    assert one_pass > 0 and prefire.runtime_stats().peak_held_bytes == one_pass
+
+    sessions.set_budget_bytes(0)
+    sessions.reset_stats()
+    runs.clear()
+    prefire.reset_runtime_peak()
+    with pytest.warns(UserWarning, match=f"budget_bytes=0 is below what one backward pass .* \\({one_pass} bytes"):
+        grads = step()
+    assert all(torch.equal(grads[n], expected[n]) for n in expected)
+    # stage 1 (blocks 2, 3) splits B and W: W recomputes what B let go; stage 0's is one full backward
+    assert runs == {0: 2 * TINY.micro_batches, 1: 2 * TINY.micro_batches,
+                    2: 3 * TINY.micro_batches, 3: 3 * TINY.micro_batches}
+    assert sessions.stats().released_after_b == TINY.micro_batches
+    assert sessions.stats().sessions == 2 * TINY.micro_batches  # W's sessions are not micro-batches of their own
+    assert prefire.runtime_stats().peak_held_bytes <= one_pass
+
+    sessions.set_budget_bytes(None)  # as before
+    runs.clear()
+    step()
+    assert runs == unbudgeted
+    sessions.disable()
+
+
 def test_bubble_warmup_steps_is_an_argument(one_rank):
     schedule, _, _ = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
     with pytest.raises(ValueError, match="bubble_warmup_steps must be an int >= 2"):
@@ -188,9 +222,9 @@ def test_bubble_warmup_steps_is_an_argument(one_rank):
 
 
 def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_recomputation(no_children_left):
-    cfg = RunConfig(model=TINY, schedule="zbv", steps=1, warmup=4, timeout_s=60)
+    cfg = RunConfig(model=TINY, schedule="zbv", steps=1, warmup=4, budgets=(1.0,), timeout_s=60)
     summary = run(cfg, world=2)
-    assert list(summary["modes"]) == list(cfg.modes)
+    assert list(summary["modes"]) == ["none", "torch", "session", "bubble", "budget 100%"]
     assert no_children_left()
     for mode, m in summary["modes"].items():
         assert m["gradients"]["exact"], (mode, m["gradients"])
@@ -203,6 +237,8 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
             # block 0 is stage 0's: one full backward; the others run B and W
             assert per_block[0] == 1
             assert all(per_block[b] >= 2 for b in range(1, TINY.blocks))
+        elif mode == "budget 100%":  # the room kept for one pass may send a micro-batch's W to recompute
+            assert set(per_block.values()) <= {1, 1.5, 2}, (mode, per_block)
         else:
             assert set(per_block.values()) == {1}, (mode, per_block)
             assert all(r["pipelining"]["sessions"] == 2 * TINY.micro_batches for r in m["ranks"])
@@ -212,7 +248,7 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
         for r in m["ranks"]:
             assert r["wait_s"] is not None and r["step_s"] > 0
             assert 0 <= r["hideable_s"] <= min(r["wait_s"], r["recompute_s"]) + 1e-9
-    assert summary["modes"]["budget"]["ranks"][0]["budget_bytes"] is not None
+    assert all(r["budget_bytes"] is not None for r in summary["modes"]["budget 100%"]["ranks"])
     bound = summary["hidden_fraction_bound"]
     assert bound is None or 0 <= bound <= 1
     h = summary["hidden_fraction"]["overall"]
@@ -225,6 +261,41 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
     assert "step ms over 1 round (min-max)" in text
     assert ("NOISY RUN" in text) == summary["noisy"]
     assert set(summary["timelines"]) == set(summary["modes"])
+
+
+def test_held_bytes_fall_with_the_budget_down_to_one_pass_on_two_ranks(no_children_left):
+    model = ModelConfig(vocab=64, dim=32, heads=2, blocks=8, seq=16, batch=8, micro_batches=4)
+    cfg = RunConfig(model=model, schedule="interleaved-zb", modes=("session", "budget"), budgets=(1.0, 0.5, 0.0),
+                    steps=2, warmup=4, timeout_s=120)
+    summary = run(cfg, world=2)
+    assert no_children_left()
+    modes = summary["modes"]
+    assert list(modes) == ["session", "budget 100%", "budget 50%", "budget 0%"]
+    for name, m in modes.items():
+        assert m["gradients"]["exact"], (name, m["gradients"])
+    fell = False
+    for rank in range(2):
+        session, full, half, zero = (modes[name]["ranks"][rank] for name in modes)
+        floor = zero["floor_bytes"]
+        assert 0 < floor and zero["budget_bytes"] == 0
+        # a budget of what sessions alone hold: they keep what they kept (bubble prefires fill what is left)
+        assert full["budget_bytes"] == session["peak_held_bytes"]
+        assert set(full["recomputations_per_block_per_micro_batch"].values()) == {1}, full
+        for r in (full, half, zero):
+            assert r["peak_held_bytes"] <= max(r["budget_bytes"], floor), (rank, r["budget_bytes"], floor)
+            assert max(r["recomputations_per_block_per_micro_batch"].values()) <= 2
+        # nothing fits beside one pass: no bubble prefire, no micro-batch kept from B to W
+        assert zero["pipelining"]["bubble_prefires"] == 0 and zero["peak_held_bytes"] == floor
+        fell |= zero["peak_held_bytes"] < session["peak_held_bytes"]
+    assert fell  # a rank that held more than one pass with sessions alone
+    # rank 1's stages both split B and W: at budget 0 each block is recomputed for B and again for W
+    assert set(modes["budget 0%"]["ranks"][1]["recomputations_per_block_per_micro_batch"].values()) == {2}
+    from prefire.pipeline.report import table
+
+    text = table(summary)
+    sweep = text[text.index("budget sweep, per rank"):].splitlines()
+    assert [line.split()[0] for line in sweep[1:5]] == ["session", "budget", "budget", "budget"]
+    assert sweep[4].startswith("  budget 0%") and sweep[4].count("below floor") == 2
 
 
 def test_eval_after_training_with_bubbles_recomputes_nothing(no_children_left):
@@ -307,8 +378,11 @@ def test_program_rejects_what_it_cannot_run():
         run(RunConfig(model=TINY, schedule="1f1b", modes=("bubble",)))
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         run(RunConfig(model=TINY), rounds=0)
-    with pytest.raises(ValueError, match="budget_fraction must be within"):
-        run(RunConfig(model=TINY, budget_fraction=1.5))
+    for budgets in ((-0.5,), (), (0.5, 0.501)):
+        with pytest.raises(ValueError, match="budgets must be distinct non-negative fractions"):
+            run(RunConfig(model=TINY, budgets=budgets))
+    with pytest.raises(ValueError, match="warmup must be at least 1"):
+        run(RunConfig(model=TINY, modes=("budget",), warmup=0))
     with pytest.raises(ValueError, match="do not split evenly"):
         run(RunConfig(model=ModelConfig(blocks=3)))
 

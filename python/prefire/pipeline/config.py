@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from torch.distributed import pipelining as pp
 
@@ -23,7 +23,8 @@ SCHEDULES = {
 
 #: none: no checkpoints; torch: torch.utils.checkpoint per block; session:
 #: prefire.checkpoint per block and prefire.pipelining's sessions; bubble:
-#: also prefire in the bubbles; budget: bubble under a byte budget per session
+#: also prefire in the bubbles; budget: bubble under a rank's byte budget,
+#: one run per fraction in ``RunConfig.budgets`` (a sweep)
 MODES = ("none", "torch", "session", "bubble", "budget")
 
 
@@ -34,7 +35,10 @@ class RunConfig:
     modes: Tuple[str, ...] = MODES
     steps: int = 5
     warmup: int = 5                # the bubble modes measure the waits in steps 2 and 3
-    budget_fraction: float = 0.5   # budget mode: this share of the most one session held in warm-up
+    #: budget mode: one run per fraction; a rank's budget is that share of the
+    #: most it held in warm-up with sessions alone (before bubble prefires
+    #: begin); above 1 leaves room for bubble prefires
+    budgets: Tuple[float, ...] = (0.75, 0.5, 0.25)
     timeout_s: float = 120.0
     eval_steps: int = 0            # schedule.eval() steps after training, counting the recomputations they run
 
@@ -43,7 +47,19 @@ class RunConfig:
         raw = json.loads(text)
         raw["model"] = ModelConfig(**raw["model"])
         raw["modes"] = tuple(raw["modes"])
+        raw["budgets"] = tuple(raw["budgets"])
         return RunConfig(**raw)
+
+    def runs(self) -> List[Tuple[str, str, Optional[float]]]:
+        """(name, mode, budget fraction) of each run: a mode, or for budget
+        one per fraction, named like "budget 50%"."""
+        out: List[Tuple[str, str, Optional[float]]] = []
+        for mode in self.modes:
+            if mode == "budget":
+                out += [(f"budget {round(f * 100)}%", mode, f) for f in self.budgets]
+            else:
+                out.append((mode, mode, None))
+        return out
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -52,8 +52,12 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
         raise ValueError(f"a pipeline needs at least 2 ranks, got {world}")
     if config.steps < 1 or config.warmup < 0 or rounds < 1:
         raise ValueError("steps and rounds must be at least 1, warmup at least 0")
-    if not 0 <= config.budget_fraction <= 1:
-        raise ValueError(f"budget_fraction must be within [0, 1], got {config.budget_fraction}")
+    if "budget" in modes:
+        fractions = config.budgets
+        if not fractions or min(fractions) < 0 or len({round(f * 100) for f in fractions}) != len(fractions):
+            raise ValueError(f"budgets must be distinct non-negative fractions (whole percents), got {list(fractions)}")
+        if config.warmup < 1:
+            raise ValueError("budget mode learns what a rank holds in warm-up: warmup must be at least 1")
     if config.schedule == "1f1b" and {"bubble", "budget"} & set(modes):
         raise ValueError("Schedule1F1B waits on a receive where it posts it: no bubble to prefire in; "
                          "run modes none, torch, session with it")
@@ -65,13 +69,14 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
         expected = reference_gradients(config.model)
     finally:
         torch.set_num_threads(threads)
-    results: Dict[str, List[List[Dict[str, Any]]]] = {mode: [] for mode in modes}
+    names = [name for name, _, _ in config.runs()]
+    results: Dict[str, List[List[Dict[str, Any]]]] = {name: [] for name in names}
     grads: Dict[str, Dict[str, Any]] = {}
     for round_index in range(rounds):
         if log:
-            log(f"prefire.pipeline: modes {', '.join(modes)} on {world} ranks, round {round_index + 1} of {rounds}")
+            log(f"prefire.pipeline: {', '.join(names)} on {world} ranks, round {round_index + 1} of {rounds}")
         ranks, rank_grads = run_ranks(config, world)
-        for mode in modes:
+        for mode in names:
             results[mode].append([dict(r["modes"][mode], peak_rss_bytes=r["peak_rss_bytes"]) for r in ranks])
             compared = compare_gradients({n: g for rank in rank_grads for n, g in rank[mode].items()}, expected)
             if mode not in grads or grads[mode]["exact"]:  # keeps the first round that differs, if any
@@ -102,17 +107,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--vocab", type=int, default=d.vocab)
     p.add_argument("--batch", type=int, default=d.batch, help="sequences per step")
     p.add_argument("--micro-batches", type=int, default=d.micro_batches)
-    p.add_argument("--budget-fraction", type=float, default=0.5,
-                   help="budget mode: per-session budget as this share of the most one session held in warm-up")
+    p.add_argument("--budgets", default=",".join(f"{f:g}" for f in RunConfig.budgets),
+                   help="budget mode: one run per fraction; a rank's budget is that share of the most it held in "
+                        "warm-up with sessions alone (before bubble prefires begin; above 1 leaves room for them)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per round before its ranks are killed")
     p.add_argument("--json", metavar="PATH", help="write the summary as JSON ('-': standard output)")
     p.add_argument("--plot", metavar="PATH", help="write the timeline plot (PNG, SVG or PDF by the name)")
     a = p.parse_args(argv)
     model = ModelConfig(vocab=a.vocab, dim=a.dim, heads=a.heads, blocks=a.blocks, seq=a.seq, batch=a.batch,
                         micro_batches=a.micro_batches)
+    try:
+        budgets = tuple(float(f) for f in a.budgets.split(",") if f)
+    except ValueError:
+        p.error(f"--budgets: comma-separated fractions, got {a.budgets!r}")
     config = RunConfig(model=model, schedule=a.schedule, modes=tuple(m for m in a.modes.split(",") if m),
-                       steps=a.steps, warmup=a.warmup,
-                       budget_fraction=a.budget_fraction, timeout_s=a.timeout)
+                       steps=a.steps, warmup=a.warmup, budgets=budgets, timeout_s=a.timeout)
     try:
         summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as e:

@@ -114,8 +114,7 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
     return {
         "config": config,
         "modes": modes,
-        "ratios": {f"{m}/torch": ratio(step(m), step("torch")) for m in ("none", "session", "bubble", "budget")
-                   if m in modes},
+        "ratios": {f"{m}/torch": ratio(step(m), step("torch")) for m in modes if m != "torch"},
         "hidden_fraction": {"overall": h, "per_rank": [hidden(r) for r in range(world)]},
         "hidden_fraction_bound": bound,
         "noisy": h is not None and bound is not None and h > bound + 0.01,
@@ -173,6 +172,7 @@ def table(summary: Dict[str, Any]) -> str:
     out.append("held: prefire's recomputed bytes held at the step's peak; RSS+: resident set growth within a step; "
                "process peak RSS per rank (all modes): " + ", ".join(
                    _fmt(r["peak_rss_bytes"], 1 / MiB, 0) + " MiB" for r in some_mode["ranks"]))
+    out += _budget_sweep(summary["modes"])
     out.append("step time (slowest rank), ratio to torch's checkpoint: " + ", ".join(
         f"{k} {_fmt(v, 1, 3)}" for k, v in summary["ratios"].items()))
     spread = summary["rounds"]
@@ -190,6 +190,30 @@ def table(summary: Dict[str, Any]) -> str:
         out.append("NOISY RUN: H came out above the most the waits allow, which only timing noise can do; the step "
                    "times are not to be trusted to this precision (more --rounds, more --steps, a quieter machine)")
     return "\n".join(out)
+
+
+def _budget_sweep(modes: Dict[str, Any]) -> List[str]:
+    """Per rank, for session and bubble mode (no budget) and each budget
+    run: the budget, the most the rank held, and its recomputations per
+    block per micro-batch (mean)."""
+    runs = [m for m in modes if m in ("session", "bubble") or m.startswith("budget ")]
+    if not any(m.startswith("budget ") for m in runs):
+        return []
+    lines = ["budget sweep, per rank: budget -> held MiB (recomputations per block per micro-batch); a budget is its "
+             "share of what the rank held with sessions alone; it cannot go below the floor, one pass's recomputation"]
+    width = max(len(m) for m in runs)
+    for m in runs:
+        cells = []
+        for r in modes[m]["ranks"]:
+            per_block = list(r["recomputations_per_block_per_micro_batch"].values())
+            budget = r["budget_bytes"]
+            below = budget is not None and r["floor_bytes"] is not None and budget < r["floor_bytes"]
+            cells.append(f"rank {r['rank']} {_fmt(budget, 1 / MiB)} -> {_fmt(r['peak_held_bytes'], 1 / MiB)} "
+                         f"({sum(per_block) / len(per_block):.2f}){' below floor' if below else ''}")
+        lines.append(f"  {m.ljust(width)}  " + "; ".join(cells))
+    floors = ", ".join(f"rank {r['rank']} {_fmt(r['floor_bytes'], 1 / MiB)}" for r in modes[runs[-1]]["ranks"])
+    lines.append(f"  floor (MiB): {floors}")
+    return lines
 
 
 def plot(summary: Dict[str, Any], path: str) -> None:

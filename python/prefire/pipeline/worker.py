@@ -105,10 +105,11 @@ class ModeRun:
     """One mode on this rank: its own copy of the model, stages, schedule
     (and prefire's sessions), recorder, and the records of its steps."""
 
-    def __init__(self, cfg: RunConfig, mode: str, rank: int, world: int) -> None:
+    def __init__(self, cfg: RunConfig, name: str, mode: str, budget_fraction: Optional[float], rank: int,
+                 world: int) -> None:
         schedule_cls, per_rank, _ = SCHEDULES[cfg.schedule]
         n_stages = per_rank * world
-        self.cfg, self.mode = cfg, mode
+        self.cfg, self.name, self.budget_fraction = cfg, name, budget_fraction
         self.indices = stage_indices(cfg.schedule, rank, world)
         model = GPT(cfg.model)
         self.modules = [Stage(model, i, n_stages, block_runner(mode)) for i in self.indices]
@@ -139,8 +140,10 @@ class ModeRun:
 
     def step(self) -> None:
         cfg, sessions, recorder = self.cfg, self.sessions, self.recorder
-        if sessions is not None and self.mode == "budget" and len(self.steps) == cfg.warmup:
-            sessions.set_budget_bytes(int(sessions.stats().max_session_bytes * cfg.budget_fraction))
+        if self.budget_fraction is not None and len(self.steps) == cfg.warmup:
+            # what sessions alone held: warm-up steps before bubble prefires begin (their amount varies with timing)
+            held = max(s["peak_held_bytes"] for s in self.steps if s["pipelining"]["bubble_prefires"] == 0)
+            sessions.set_budget_bytes(int(held * self.budget_fraction))
         for m in self.modules:
             m.zero_grad(set_to_none=True)
         recorder.events.clear()
@@ -201,6 +204,8 @@ class ModeRun:
             "peak_held_bytes": max(s["peak_held_bytes"] for s in measured),
             "rss_growth_bytes": max(s["rss_growth_bytes"] for s in measured),
             "budget_bytes": self.sessions.budget_bytes if self.sessions is not None else None,
+            # one pass's recomputation: the least a budget can hold a rank to
+            "floor_bytes": self.sessions.budget.pass_bytes if self.sessions is not None else None,
             "eval_recomputations": self.eval_recomputations,
             "pipelining": last.get("pipelining"),
             "timeline": {"begin": last["begin"], "events": last["events"]},
@@ -217,7 +222,7 @@ def run(cfg: RunConfig, rank: int, world: int, port: int, running_marker: Option
     if running_marker:
         open(running_marker, "w").close()  # the failure tests wait for it
     try:
-        runs = [ModeRun(cfg, mode, rank, world) for mode in cfg.modes]
+        runs = [ModeRun(cfg, name, mode, fraction, rank, world) for name, mode, fraction in cfg.runs()]
         for _ in range(cfg.warmup + cfg.steps):
             for r in runs:
                 r.step()
@@ -225,9 +230,9 @@ def run(cfg: RunConfig, rank: int, world: int, port: int, running_marker: Option
             for r in runs:
                 r.eval_step()
         return {
-            "modes": {r.mode: r.result(rank) for r in runs},
+            "modes": {r.name: r.result(rank) for r in runs},
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "_grads": {r.mode: r.grads for r in runs},
+            "_grads": {r.name: r.grads for r in runs},
         }
     except BaseException as e:
         # When it failed, before the process group goes down and fails the
