@@ -18,6 +18,24 @@
 // keyed by graph task recomputes once in W. Outputs whose own node leads to
 // no input (a loss of the parameters alone) seed W with their gradient.
 //
+// Note [Backward through what B consumed raises]
+// A cut edge would make any other backward through an intermediate (an
+// auxiliary head on an activation of this graph, not passed to
+// backward_input) lose its gradients into I without a word: x.grad stays
+// undefined where a plain backward defines it. So each cut edge leads to one
+// node, ConsumedByBackwardInput, that leads nowhere and raises when run, and
+// each intermediate gets a pre-hook that raises, naming backward_input,
+// when the running backward needs a gradient along one of its cut edges
+// (Node::task_should_compute_output: with no `inputs` every edge is
+// needed, with `inputs` those on a path to them): the backward stops before
+// the intermediate runs, so it accumulates nothing there and W is intact.
+// W itself needs none of them (the consumed node leads to no parameter),
+// nor does a backward towards parameters only (autograd.grad(h, w)), which
+// gets its exact gradients. (Other nodes of I run as in any second
+// backward: those whose saved tensors B released raise torch's own error.)
+// Exact gradients along the cut edges would need I kept alive until W, which
+// is the memory the split frees (Note [Memory that follows the passes]).
+//
 // Note [Memory that follows the passes]
 // After B, the nodes of I that W does not run (everything but the
 // intermediates and the input nodes, which may belong to a previous stage)
@@ -33,7 +51,9 @@
 
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -41,8 +61,10 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace prefire {
 
@@ -122,6 +144,52 @@ struct StageGraph {
 };
 
 Edge gradient_edge_of(const at::Tensor& t) { return torch::autograd::impl::gradient_edge(t); }
+
+[[noreturn]] void consumed_by_backward_input() {
+  throw std::runtime_error(
+      "prefire::backward_input: a backward reached the input part of a graph that backward_input() already ran "
+      "(through an activation of that graph, e.g. an auxiliary head whose output was not passed to "
+      "backward_input); its gradients there would be lost. Pass every output to differentiate to one "
+      "backward_input() call, with its grad_output, or run that backward before backward_input()");
+}
+
+/// Where the edges from the intermediates into I lead after B; see Note
+/// [Backward through what B consumed raises].
+struct ConsumedByBackwardInput final : Node {
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& /*grads*/) override {
+    consumed_by_backward_input();
+  }
+  std::string name() const override { return "prefire::ConsumedByBackwardInput"; }
+  /// An input like the one an edge led to (its metadata, which the engine checks the gradient against).
+  uint32_t add_input_like(const Edge& edge) {
+    input_metadata_.push_back(edge.function->input_metadata(edge.input_nr));
+    return static_cast<uint32_t>(input_metadata_.size() - 1);
+  }
+};
+
+/// A new node, owned as the engine owns nodes (torch 2.14: intrusive_ptr; 2.11: shared_ptr).
+template <typename T>
+NodeRef make_node() {
+  if constexpr (std::is_same_v<NodeRef, std::shared_ptr<Node>>) {
+    return std::make_shared<T>();
+  } else {
+    return c10::make_intrusive<T>();
+  }
+}
+
+/// On an intermediate: raises when the running backward needs a gradient
+/// along one of its cut edges.
+struct CutEdgesGuard final : torch::autograd::FunctionPreHook {
+  CutEdgesGuard(const Node* node, std::vector<size_t> cut) : node(node), cut(std::move(cut)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    for (size_t edge : cut) {
+      if (node->task_should_compute_output(edge)) consumed_by_backward_input();
+    }
+    return grads;
+  }
+  const Node* node;  // the node that owns this hook
+  std::vector<size_t> cut;
+};
 
 }  // namespace
 }  // namespace detail
@@ -306,10 +374,18 @@ SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_o
   // Cut through the edge list: set_next_edge() refuses nodes that have
   // parents because adding an edge could break the topological numbering;
   // removing one cannot.
+  // See Note [Backward through what B consumed raises].
+  const NodeRef consumed = detail::make_node<detail::ConsumedByBackwardInput>();
   for (Node* node : ordered_intermediates) {
-    for (Edge& next : node->next_edges()) {
-      if (next.is_valid() && w_part.count(next.function.get()) == 0) next = Edge();
+    std::vector<size_t> cut;
+    for (size_t e = 0; e < node->num_outputs(); ++e) {
+      Edge& next = node->next_edges()[e];
+      if (next.is_valid() && w_part.count(next.function.get()) == 0) {
+        next = Edge(consumed, static_cast<detail::ConsumedByBackwardInput&>(*consumed).add_input_like(next));
+        cut.push_back(e);
+      }
     }
+    if (!cut.empty()) node->add_pre_hook(std::make_unique<detail::CutEdgesGuard>(node, std::move(cut)));
   }
   for (Node* node : graph.nodes) {
     if (b_part.count(node) != 0 && intermediates.count(node) == 0 && input_nodes.count(node) == 0) {

@@ -316,6 +316,24 @@ TEST(SplitBackward, WeightPassAfterItsGraphWasFreedRaisesSayingSo) {
   EXPECT_THAT(message_of<std::runtime_error>([&] { w.run(); }), HasSubstr("weight part of this graph was freed"));
 }
 
+TEST(SplitBackward, AnotherHeadThroughTheInputPartAfterBRaisesInsteadOfLosingItsInputGradient) {
+  auto x = at::randn({4, 8}).requires_grad_(true);
+  auto w1 = param({8, 8});
+  auto w2 = param({8, 8});
+  auto h = at::linear(x, w1);  // an intermediate: leads to x and to w1
+  auto y = at::linear(h.sin(), w2);
+  auto aux = h.square().sum();  // a second head on h, not passed to backward_input
+  auto gy = at::randn({4, 8});
+  auto expected = torch::autograd::grad({y}, {w1, w2}, {gy}, /*retain_graph=*/true);
+  auto [dx, w] = backward_input({y}, {gy}, {x}, {w1, w2});
+  // before: x.grad silently undefined, where a plain backward defines it
+  EXPECT_THAT(message_of<std::exception>([&] { aux.backward(); }),
+              HasSubstr("a backward reached the input part of a graph that backward_input() already ran"));
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_FALSE(w1.grad().defined()) << "it stopped before running any node of the graph";
+  expect_all_equal(w.run(), expected);  // W is intact
+}
+
 TEST(SplitBackward, ParametersOutsideTheGraphAndBadArgumentsRaise) {
   Stage stage(1);
   auto b = batch(9);

@@ -75,7 +75,10 @@ struct SplitBackward {
 /// * Afterwards the graph belongs to the W pass: the outputs are detached
 ///   (views excepted: do not backward through them again), and every saved
 ///   tensor W will not unpack is released, recomputed tensors of checkpoints
-///   included.
+///   included. Another backward that reaches the input part through an
+///   activation of the graph (an auxiliary head not passed here) raises
+///   std::runtime_error naming backward_input, where its input gradients
+///   would otherwise be lost: differentiate all outputs in one call.
 /// * Checkpoints: run it under a SessionScope with retain_on_unpack=true and
 ///   the W pass under one with retain_on_unpack=false to recompute each
 ///   checkpoint once for both passes.
