@@ -36,6 +36,18 @@
 // Exact gradients along the cut edges would need I kept alive until W, which
 // is the memory the split frees (Note [Memory that follows the passes]).
 //
+// Note [Hooks run once across B and W]
+// An intermediate runs in both passes (its input gradient in B, its weight
+// gradient in W), and the engine runs a node's tensor pre-hooks (a
+// register_hook on the activation it produced, retain_grad) each time it
+// runs it: twice, where one plain backward runs them once. And B's capture
+// of the gradient arriving at an intermediate it runs is taken before those
+// hooks, so a hook that changes the gradient would not reach W. So B
+// appends to every intermediate a pre-hook of its own that records the
+// gradients after the others ran (removed when B ends), W is seeded with
+// those, and W takes the intermediates' tensor pre-hooks and retain_grad
+// hooks off before it runs (they ran in B; the graph is freed by W).
+//
 // Note [Memory that follows the passes]
 // After B, the nodes of I that W does not run (everything but the
 // intermediates and the input nodes, which may belong to a previous stage)
@@ -81,6 +93,7 @@ struct WeightPassState {
   torch::autograd::edge_list param_edges;
   torch::autograd::edge_list roots;  // W starts here: (intermediate, input) edges and outputs of the weight part
   TensorList root_grads;
+  std::vector<NodeRef> intermediates;  // whose tensor hooks ran in B (Note [Hooks run once across B and W])
 };
 
 namespace {
@@ -177,6 +190,17 @@ NodeRef make_node() {
   }
 }
 
+/// Records the gradients a node's other tensor pre-hooks left (Note [Hooks
+/// run once across B and W]).
+struct ArrivingGradients final : torch::autograd::FunctionPreHook {
+  explicit ArrivingGradients(std::shared_ptr<torch::autograd::variable_list> into) : into(std::move(into)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    *into = grads;
+    return grads;
+  }
+  std::shared_ptr<torch::autograd::variable_list> into;
+};
+
 /// On an intermediate: raises when the running backward needs a gradient
 /// along one of its cut edges.
 struct CutEdgesGuard final : torch::autograd::FunctionPreHook {
@@ -219,6 +243,15 @@ TensorList WeightPass::run(bool accumulate_into_grad) {
   state_->ran = true;
   detail::WeightPassState& s = *state_;
   TensorList grads(s.params.size());
+  // See Note [Hooks run once across B and W]; destroyed with this pass's graph.
+  std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>> ran_in_b;
+  for (const NodeRef& node : s.intermediates) {
+    for (auto& hook : node->tensor_pre_hooks()) ran_in_b.push_back(std::move(hook));
+    for (auto& [index, hook] : node->retains_grad_hooks()) ran_in_b.push_back(std::move(hook));
+    node->tensor_pre_hooks().clear();
+    node->retains_grad_hooks().clear();
+  }
+  s.intermediates.clear();
   if (!s.roots.empty()) {
     try {
       grads = torch::autograd::Engine::get_default_engine().execute(s.roots, s.root_grads, /*keep_graph=*/false,
@@ -344,12 +377,27 @@ SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_o
   for (Node* node : ordered_intermediates) {
     for (uint32_t k = 0; k < node->num_inputs(); ++k) captures.emplace_back(graph.refs.at(node), k);
   }
-  TensorList captured(captures.size());
-  if (!captures.empty()) {
-    captured = torch::autograd::Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/true,
-                                                                      /*create_graph=*/false,
-                                                                      /*accumulate_grad=*/false, captures);
+  // See Note [Hooks run once across B and W].
+  std::vector<std::shared_ptr<torch::autograd::variable_list>> arrived;
+  for (Node* node : ordered_intermediates) {
+    arrived.push_back(std::make_shared<torch::autograd::variable_list>());
+    node->add_tensor_pre_hook(std::make_unique<detail::ArrivingGradients>(arrived.back()));
   }
+  auto remove_recorders = [&] {
+    for (Node* node : ordered_intermediates) node->tensor_pre_hooks().pop_back();
+  };
+  TensorList captured(captures.size());
+  try {
+    if (!captures.empty()) {
+      captured = torch::autograd::Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/true,
+                                                                        /*create_graph=*/false,
+                                                                        /*accumulate_grad=*/false, captures);
+    }
+  } catch (...) {
+    remove_recorders();
+    throw;
+  }
+  remove_recorders();
 
   SplitBackward result;
   result.input_grads.resize(inputs.size());
@@ -358,10 +406,14 @@ SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_o
   auto state = std::make_unique<detail::WeightPassState>();
   state->params = params;
   state->param_edges = param_edges;
-  for (size_t c = input_edges.size(); c < captures.size(); ++c) {
-    if (!captured[c].defined()) continue;
-    state->roots.push_back(captures[c]);
-    state->root_grads.push_back(captured[c]);
+  for (size_t i = 0; i < ordered_intermediates.size(); ++i) {
+    const torch::autograd::variable_list& grads = *arrived[i];
+    for (uint32_t k = 0; k < grads.size(); ++k) {
+      if (!grads[k].defined()) continue;
+      state->roots.emplace_back(graph.refs.at(ordered_intermediates[i]), k);
+      state->root_grads.push_back(grads[k]);
+    }
+    if (!grads.empty()) state->intermediates.push_back(graph.refs.at(ordered_intermediates[i]));
   }
   for (size_t o = 0; o < roots.size(); ++o) {  // outputs in the weight part seed W themselves
     if (w_part.count(roots[o].function.get()) != 0) {

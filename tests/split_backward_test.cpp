@@ -334,6 +334,49 @@ TEST(SplitBackward, AnotherHeadThroughTheInputPartAfterBRaisesInsteadOfLosingIts
   expect_all_equal(w.run(), expected);  // W is intact
 }
 
+TEST(SplitBackward, TensorHooksAndRetainGradRunOnceAsInOnePlainBackward) {
+  const TensorList w = {param({8, 8}), param({8, 8}), param({8, 8})};
+  at::manual_seed(12);
+  const auto x0 = at::randn({4, 8});
+  const auto gy = at::randn({4, 8});
+  struct Got {
+    TensorList grads;  // dx, dw...
+    at::Tensor a_grad;
+    int hook_calls = 0;
+  };
+  auto step = [&](bool split) {
+    Got got;
+    for (const auto& p : w) p.mutable_grad() = at::Tensor();
+    auto x = x0.clone().requires_grad_(true);
+    auto a = at::linear(x, w[0]);  // intermediates: each leads to x and to a weight
+    auto b = at::linear(a.tanh(), w[1]);
+    a.retain_grad();
+    b.register_hook([&](const at::Tensor& g) {
+      ++got.hook_calls;
+      return g * 2;  // changes what reaches w[1] and everything below b
+    });
+    auto y = at::linear(b.sin(), w[2]);
+    if (split) {
+      auto [dx, pass] = backward_input({y}, {gy}, {x}, w);
+      pass.run(/*accumulate_into_grad=*/true);
+      got.grads = dx;
+    } else {
+      y.backward(gy);
+      got.grads = {x.grad()};
+    }
+    for (const auto& p : w) got.grads.push_back(p.grad());
+    got.a_grad = a.grad();
+    return got;
+  };
+  const Got plain = step(false);
+  const Got split = step(true);
+  ASSERT_EQ(plain.hook_calls, 1);
+  EXPECT_EQ(split.hook_calls, 1) << "B and W each ran b's hook";
+  expect_all_equal(split.grads, plain.grads);  // the hook's doubling reaches W's weight gradients once
+  ASSERT_TRUE(split.a_grad.defined());
+  EXPECT_TRUE(at::equal(split.a_grad, plain.a_grad)) << "retain_grad accumulated in B and in W";
+}
+
 TEST(SplitBackward, ParametersOutsideTheGraphAndBadArgumentsRaise) {
   Stage stage(1);
   auto b = batch(9);

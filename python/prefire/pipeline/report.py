@@ -173,8 +173,9 @@ def table(summary: Dict[str, Any]) -> str:
                "process peak RSS per rank (all modes): " + ", ".join(
                    _fmt(r["peak_rss_bytes"], 1 / MiB, 0) + " MiB" for r in some_mode["ranks"]))
     out += _budget_sweep(summary["modes"])
-    out.append("step time (slowest rank), ratio to torch's checkpoint: " + ", ".join(
-        f"{k} {_fmt(v, 1, 3)}" for k, v in summary["ratios"].items()))
+    if any(v is not None for v in summary["ratios"].values()):  # torch's mode ran
+        out.append("step time (slowest rank), ratio to torch's checkpoint: " + ", ".join(
+            f"{k} {_fmt(v, 1, 3)}" for k, v in summary["ratios"].items()))
     spread = summary["rounds"]
     rounds = len(next(iter(spread["step_s"].values()))["per_round"])
     out.append(f"step ms over {rounds} round{'s' if rounds > 1 else ''} (min-max): " + ", ".join(
