@@ -432,6 +432,29 @@ TEST(Concurrency, SessionRegistryStaysBoundedOverManyDistinctIds) {
   EXPECT_LE(largest, before + 2 * 64 + 1) << "sessions that hold nothing stay in the registry";
 }
 
+TEST(Concurrency, ASessionClearedWhileItsPrefireRunsLeavesTheRegistryWhenThePrefireEnds) {
+  const SessionId id = 2'000'000;
+  bool clear_inside = false;
+  CheckpointFn fn = [&](const TensorList& in) {
+    if (clear_inside) clear_session(id);  // what another thread may do while the prefire runs
+    return TensorList{in[0].sin().cos()};  // cos saves what sin computed: the prefire has a charge
+  };
+  auto x = at::randn({4}).requires_grad_(true);
+  at::Tensor y;
+  std::vector<CheckpointHandle> handles;
+  {
+    HandleCollector collect;
+    y = checkpoint(fn, {x})[0];
+    handles = collect.handles();
+  }
+  const size_t before = detail::session_registry_size();
+  clear_inside = true;
+  EXPECT_EQ(prefire(handles[0], id), PrefireStatus::kRecomputed);
+  clear_inside = false;
+  EXPECT_EQ(detail::session_registry_size(), before) << "the cleared session stayed registered";
+  expect_all_equal(grads(y, {x}), grads(x.sin().cos(), {x}));  // lazily, as after any clear
+}
+
 // ---- a stress of the public API ---------------------------------------------------------------
 
 int stress_iterations() {
