@@ -21,7 +21,11 @@
 // clear the cache under another thread's forward. So a recomputation runs
 // with the cache disabled (a thread-local setting) and enters no region: it
 // casts the weights it uses afresh, the same values forward cast, and leaves
-// the map as it found it.
+// the map as it found it. One exception, as in torch: a checkpointed
+// function that opens an autocast region of its own ends it in the
+// recomputation too, and when that is the recomputing thread's outermost
+// region autocast clears the process-wide cache on exit, exactly as the same
+// function does in forward (and in torch.utils.checkpoint's recomputation).
 //
 // The intra-op thread count is state too: CPU reductions split their work by
 // it, so a recomputation under another count computes other bits than forward

@@ -39,6 +39,18 @@
 // pool's routing cannot nest), and an unpack on another thread waits while a
 // prefire's function runs (the window lock). Lazy recomputation inside
 // backward stays on the backward's stream and uses none of this.
+// What is ordered and what is not: (1) orders the prefire after everything
+// the caller's stream did before prefire() was called, and (4) orders every
+// consumer of a recomputed tensor after the recomputation. Nothing else is:
+// side effects of the function on tensors other than its outputs (a
+// BatchNorm's running statistics updated in place, a counter a block
+// increments) happen on the prefire stream, and a later kernel on the main
+// stream that reads or writes them is not ordered with it. torch's own
+// checkpoint updates running statistics again in its recomputation too;
+// prefire only moves that update to another stream. A block with such side
+// effects should keep them out of the recomputation (context_fn's second
+// context, the one around the recomputation, can switch them off), or not
+// be prefired.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
