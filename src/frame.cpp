@@ -373,9 +373,13 @@ at::Tensor Frame::unpack(size_t slot) {
     SessionCore& session = *s->entry->session;
     Recomputation& r = s->entry->recomputation;
     std::optional<RecomputeEvent> event = compute_once(r, RecomputeEvent::Kind::kLazy, session.id, full_extent());
-    (event ? session.lazy_recomputes : session.hits).fetch_add(1, std::memory_order_relaxed);
-    if (event) notify_recompute(*event);
-    return take(r, slot, s->retain, session.id);
+    if (event) {
+      session.lazy_recomputes.fetch_add(1, std::memory_order_relaxed);
+      notify_recompute(*event);
+    } else if (!s->for_nested_prefire) {
+      session.hits.fetch_add(1, std::memory_order_relaxed);
+    }
+    return take(r, slot, s->retain, session.id, /*in_group=*/false, /*hand_over=*/!s->for_nested_prefire);
   }
   if (const c10::SafePyObject* group = current_graph_exec_group()) {
     std::shared_ptr<Recomputation> r = recomputation_for(*group);
@@ -434,8 +438,11 @@ std::optional<Frame::SessionUnpack> Frame::session_for_unpack() const {
     }
   }
   if (const SessionCore* prefiring = tls_prefire_session) {
+    // See Note [A nested prefire takes its inputs on the prefire stream].
     std::lock_guard<std::mutex> lock(mu_);
-    if (registered_ && registered_->session.get() == prefiring) return SessionUnpack{registered_, /*retain=*/true};
+    if (registered_ && registered_->session.get() == prefiring) {
+      return SessionUnpack{registered_, /*retain=*/true, /*for_nested_prefire=*/true};
+    }
   }
   return std::nullopt;
 }
@@ -481,7 +488,19 @@ void Frame::drop(int64_t graph_task) noexcept {
   graph_tasks_.erase(it);
 }
 
-at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session, bool in_group) {
+// Note [A nested prefire takes its inputs on the prefire stream]
+// A prefire runs a checkpoint's nested checkpoints after it (parents first),
+// and a nested checkpoint's inputs are tensors its parent saved: the nested
+// recomputation unpacks them from the parent's recomputation in the same
+// session (session_for_unpack's prefiring branch), on the prefire's thread,
+// before any backward. That unpack is no consumer: it is not a hit, and it
+// hands nothing over to the unpacking thread's current stream (the caller's
+// stream waiting on the parent's completion event would serialize the
+// caller's work behind the prefire, the overlap prefire exists for). The
+// nested recomputation runs on the same prefire stream, after its parent's
+// kernels, so it needs no event.
+at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session, bool in_group,
+                       bool hand_over) {
   TORCH_INTERNAL_ASSERT(slot < r.num_slots(), "slot ", slot, " out of range ", r.num_slots());
   // A session's last pass lets go when it ends; see Note [The last pass lets go when it ends] in session.h.
   std::optional<at::Tensor> t = session && !retain ? r.take_for_pass(slot) : r.take(slot, retain);
@@ -509,7 +528,7 @@ at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional
         "prefire::checkpoint: saved tensor ", slot, " was not produced by the recomputation (it saved fewer "
         "tensors than forward, and determinism_check = none let that pass)"));
   }
-  if (r.ready()) r.ready()->hand_over(*t);  // See Note [Stream ordering of prefire]
+  if (hand_over && r.ready()) r.ready()->hand_over(*t);  // See Note [Stream ordering of prefire]
   return std::move(*t);
 }
 

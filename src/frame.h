@@ -122,6 +122,7 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   struct SessionUnpack {
     std::shared_ptr<SessionEntry> entry;
     bool retain = false;
+    bool for_nested_prefire = false;  // see Note [A nested prefire takes its inputs on the prefire stream]
   };
   std::optional<SessionUnpack> session_for_unpack() const;
   /// The recomputation of every slot, once forward is done.
@@ -142,7 +143,7 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
                            const Extent& extent);
   TensorList recompute_inputs() const;
   at::Tensor take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session,
-                  bool in_group = false);
+                  bool in_group = false, bool hand_over = true);
 
   const CheckpointFn fn_;
   const CheckpointOptions options_;

@@ -129,6 +129,7 @@ TEST_P(NestedSchedule, PrefireRecomputesEveryCheckpointOnceForBothPassesBitForBi
   EXPECT_EQ(prefire(handles[0], 200), PrefireStatus::kRecomputed);
   EXPECT_EQ(runtime_stats().recomputations - before, stage.checkpoints());
   EXPECT_EQ(session_stats(200).checkpoints, stage.checkpoints());
+  EXPECT_EQ(session_stats(200).hits, 0) << "a nested prefire's inputs taken from its parent's are not hits";
   EXPECT_EQ(prefire(handles[0], 200), PrefireStatus::kAlreadyResident);
   TensorList dx, dw;
   { SessionScope s(200, {true}); dx = b_pass(p, y); }
