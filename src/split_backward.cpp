@@ -48,6 +48,16 @@
 // those, and W takes the intermediates' tensor pre-hooks and retain_grad
 // hooks off before it runs (they ran in B; the graph is freed by W).
 //
+// Note [A freed weight part is seen, not guessed]
+// A backward without retain_graph through an activation of the graph between
+// B and W (autograd.grad(h, w) on a graph B already ran) frees the saved
+// tensors of the nodes it runs, W's among them; W would then fail inside the
+// engine with autograd's message about a second backward. Rather than
+// recognising that message, every node W runs carries a pre-hook that, in a
+// backward other than W (W has not begun) that does not keep the graph
+// (get_current_graph_task_keep_graph), notes that W's part was freed; W
+// checks the note before it runs and raises saying what happened.
+//
 // Note [Memory that follows the passes]
 // After B, the nodes of I that W does not run (everything but the
 // intermediates and the input nodes, which may belong to a previous stage)
@@ -66,9 +76,11 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -86,9 +98,17 @@ using NodeRef = decltype(Edge::function);  // the engine's owning pointer to a n
 
 namespace detail {
 
+/// Whether a backward other than W freed part of what W runs (Note [A freed
+/// weight part is seen, not guessed]).
+struct WeightPartWatch {
+  std::atomic<bool> w_began{false};
+  std::atomic<bool> freed{false};
+};
+
 struct WeightPassState {
   std::mutex mu;
   bool ran = false;
+  std::shared_ptr<WeightPartWatch> watch = std::make_shared<WeightPartWatch>();
   TensorList params;
   torch::autograd::edge_list param_edges;
   torch::autograd::edge_list roots;  // W starts here: (intermediate, input) edges and outputs of the weight part
@@ -201,6 +221,18 @@ struct ArrivingGradients final : torch::autograd::FunctionPreHook {
   std::shared_ptr<torch::autograd::variable_list> into;
 };
 
+/// On every node W runs: notes a backward other than W that frees it.
+struct FreedWatch final : torch::autograd::FunctionPreHook {
+  explicit FreedWatch(std::shared_ptr<WeightPartWatch> watch) : watch(std::move(watch)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (!watch->w_began.load(std::memory_order_acquire) && !torch::autograd::get_current_graph_task_keep_graph()) {
+      watch->freed.store(true, std::memory_order_release);
+    }
+    return grads;
+  }
+  std::shared_ptr<WeightPartWatch> watch;
+};
+
 /// On an intermediate: raises when the running backward needs a gradient
 /// along one of its cut edges.
 struct CutEdgesGuard final : torch::autograd::FunctionPreHook {
@@ -252,25 +284,23 @@ TensorList WeightPass::run(bool accumulate_into_grad) {
     node->retains_grad_hooks().clear();
   }
   s.intermediates.clear();
-  if (!s.roots.empty()) {
-    try {
-      grads = torch::autograd::Engine::get_default_engine().execute(s.roots, s.root_grads, /*keep_graph=*/false,
-                                                                     /*create_graph=*/false,
-                                                                     /*accumulate_grad=*/false, s.param_edges);
-    } catch (const c10::Error& e) {
-      const std::string what = e.what();
-      if (what.find("backward through the graph a second time") != std::string::npos) {
-        throw std::runtime_error(
-            "prefire::WeightPass::run: the weight part of this graph was freed after backward_input() (a backward "
-            "without retain_graph ran through activations of this graph); run such backwards with "
-            "retain_graph=true, or after the weight pass. Autograd said: " + what);
-      }
-      throw;
-    }
-  }
-  // Nothing of the graph is needed any more.
+  // Nothing of the graph is needed after this pass, whether it succeeds or throws.
+  const torch::autograd::edge_list roots = std::move(s.roots);
+  const TensorList root_grads = std::move(s.root_grads);
   s.roots.clear();
   s.root_grads.clear();
+  s.watch->w_began.store(true, std::memory_order_release);
+  if (s.watch->freed.load(std::memory_order_acquire)) {  // See Note [A freed weight part is seen, not guessed].
+    throw std::runtime_error(
+        "prefire::WeightPass::run: the weight part of this graph was freed after backward_input() (a backward "
+        "without retain_graph ran through activations of this graph); run such backwards with retain_graph=true, "
+        "or after the weight pass");
+  }
+  if (!roots.empty()) {
+    grads = torch::autograd::Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/false,
+                                                                   /*create_graph=*/false,
+                                                                   /*accumulate_grad=*/false, s.param_edges);
+  }
   if (accumulate_into_grad) {
     // Into each parameter's own AccumulateGrad node, as a plain backward does:
     // under its lock (W passes on two threads may share a weight), with the
@@ -438,6 +468,11 @@ SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_o
       }
     }
     if (!cut.empty()) node->add_pre_hook(std::make_unique<detail::CutEdgesGuard>(node, std::move(cut)));
+  }
+  for (Node* node : graph.nodes) {  // See Note [A freed weight part is seen, not guessed].
+    if (w_part.count(node) != 0 || intermediates.count(node) != 0) {
+      node->add_pre_hook(std::make_unique<detail::FreedWatch>(state->watch));
+    }
   }
   for (Node* node : graph.nodes) {
     if (b_part.count(node) != 0 && intermediates.count(node) == 0 && input_nodes.count(node) == 0) {

@@ -314,6 +314,13 @@ TEST(SplitBackward, WeightPassAfterItsGraphWasFreedRaisesSayingSo) {
   auto [dx, w] = backward_input({y}, {at::randn({4, 8})}, {x}, {w1});
   torch::autograd::grad({h}, {w1}, {at::ones({4, 8})});  // no retain_graph: frees h's node
   EXPECT_THAT(message_of<std::runtime_error>([&] { w.run(); }), HasSubstr("weight part of this graph was freed"));
+
+  // the same backward keeping the graph frees nothing: W runs
+  auto h2 = at::linear(x, w1);
+  auto y2 = h2.sin();
+  auto split = backward_input({y2}, {at::randn({4, 8})}, {x}, {w1});
+  torch::autograd::grad({h2}, {w1}, {at::ones({4, 8})}, /*retain_graph=*/true);
+  EXPECT_TRUE(split.weight_pass.run()[0].defined());
 }
 
 TEST(SplitBackward, AnotherHeadThroughTheInputPartAfterBRaisesInsteadOfLosingItsInputGradient) {
