@@ -121,14 +121,17 @@ PrefireStatus prefire(const CheckpointHandle& handle, SessionId id) {
 
   // No lock held from here on: recomputations run user code.
   auto settle = [&](bool failed) noexcept {
+    bool unused = false;
     {
       std::lock_guard<std::mutex> lock(session->mu);
       session->charged -= charge;
       if (failed) session->unregister_locked(added);  // a failed prefire leaves nothing registered
+      unused = session->frames.empty() && session->charged == 0;
     }
     // A session cleared while this prefire ran (or one a failed prefire
-    // created) waited for the charge to go: it leaves the registry now.
-    detail::retire_if_empty(session);
+    // created) waited for the charge to go: it leaves the registry now. The
+    // registry's lock is taken only then, not on every prefire.
+    if (unused) detail::retire_if_empty(session);
   };
   bool recomputed = false;
   try {
