@@ -12,22 +12,33 @@ Every pass that recomputes holds its micro-batch's recomputation of the
 stage while it runs (a session's last pass lets go when it ends): that is
 the floor no budget goes below. A stage's need, learnt as its sessions
 close, is the most one of its sessions held; ``pass_bytes`` the most of all
-stages. The budget is kept at the two moments that add to what is held:
-  * after B, a micro-batch keeps its recomputation for W only if the rank
-    stays within N until its next B ends: walking the rank's actions in the
-    schedule's order from this B, each W lets go of a kept micro-batch, a W
-    that recomputes holds its stage's need while it runs, and the next B
-    (or full backward) holds its stage's need less what is prefired of it.
-    Otherwise the session is cleared and its checkpoints join a fresh
-    session that W recomputes into (one more recomputation per checkpoint:
-    two instead of one, still fewer than torch's checkpoint, which
-    recomputes for B and for each weight group). A schedule with no order of
-    actions (not built on ``_PipelineScheduleRuntime``) keeps room for one
-    pass, ``pass_bytes``, instead;
-  * a bubble prefire into a session runs only if the rank keeps room for one
-    pass: the session's budget is set, right before, to ``N - pass_bytes``
-    less what the other sessions hold, and the runtime refuses a prefire
-    over it (the rest stays B's).
+stages.
+
+Both decisions walk the rank's actions in the schedule's own order
+(``_walk``): each B or full backward holds its stage's need less what is
+prefired of it while it runs, and a B keeps that for W; each W lets go of
+its micro-batch, and holds its stage's need while it runs if it recomputes.
+  * After B, a micro-batch keeps its recomputation for W only if the rank
+    stays within N until its next B ends. Otherwise the session is cleared
+    and its checkpoints join a fresh session that W recomputes into (two
+    recomputations instead of one, still fewer than torch's checkpoint,
+    which recomputes for B and for each weight group).
+  * A bubble prefire into a micro-batch's session may fill it up to what
+    keeps the rank within N from now until that micro-batch's B, every B
+    before it keeping its recomputation for W (the session's budget is set
+    to that right before; the runtime refuses a prefire over it and the
+    rest stays B's). "Now" is the rank's place in its actions, counted by
+    the stage wrappers (``ran``).
+What a B keeps for W saves a recomputation; a bubble prefire only moves one
+off the critical path. So the keep decision must not depend on when the
+bubbles fell (a slow machine prefires at other moments than a fast one):
+a B that fits only without some bubble-prefired sessions lets go of them
+(those whose B comes last first; their checkpoints join fresh sessions and
+their B recomputes them). With the prefire rule above that happens only
+when the place in the actions is unknown (a schedule with no order of
+actions, not built on ``_PipelineScheduleRuntime``, where both decisions
+keep room for one pass, ``pass_bytes``, instead; or a step whose actions
+ran in another order than the schedule's).
 A budget below a stage's need cannot be kept: nothing is kept nor
 prefired, and the rank holds that need while a pass runs; a warning says
 so once. On a stage that holds FSDP2 modules, W runs with the stage
@@ -38,10 +49,10 @@ that recomputes all-gathers nothing (tests/python/test_fsdp.py).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import _C
-from ._order import Action, rank_actions
+from ._order import Action
 
 Key = Tuple[int, int]  # (stage index, micro-batch)
 
@@ -53,15 +64,20 @@ def _holds(mb: Any) -> int:
 class RankBudget:
     """The budget of one rank's sessions (Note [A rank's byte budget])."""
 
-    def __init__(self, budget_bytes: Optional[int], schedule, pending: Callable[[], Dict[Key, Any]]) -> None:
+    def __init__(self, budget_bytes: Optional[int], pending: Callable[[], Dict[Key, Any]],
+                 actions: Callable[[], Optional[List[Action]]], holds: Callable[[Any], int] = _holds) -> None:
         """``pending()``: the rank's open sessions, (stage, micro-batch) ->
-        ``_MicroBatch``."""
+        ``_MicroBatch``; ``actions()``: the rank's actions in one step, in
+        order (None: the schedule keeps no order); ``holds(mb)``: the bytes
+        a micro-batch's session holds now."""
         self.bytes = budget_bytes
-        self.schedule = schedule
         self.pending = pending
+        self.holds = holds
         self.stage_bytes: Dict[int, int] = {}   # a stage's need: the most one of its sessions held
+        self._read_actions = actions
         self._actions: Optional[List[Action]] = None
-        self._b_at: Dict[Key, int] = {}          # where each B is in _actions
+        self._b_at: Dict[Key, int] = {}          # where each B (or full backward) is in the actions
+        self._at: Optional[int] = None           # the rank's place in its actions this step (None: unknown)
         self._warned = False
 
     @property
@@ -72,51 +88,98 @@ class RankBudget:
         self.bytes = budget_bytes
         self._warned = False
 
-    def room_for_prefires(self, session: int) -> Optional[int]:
-        """The budget ``session`` gets before a bubble prefire into it: what
-        it may hold so that the rank keeps room for one pass (None: no cap)."""
+    def actions(self) -> List[Action]:
+        """The rank's actions in one step (empty: the schedule keeps no order)."""
+        if self._actions is None:
+            self._actions = self._read_actions() or []
+            for i, (kind, s, m) in enumerate(self._actions):
+                if kind in ("B", "BW"):
+                    self._b_at.setdefault((s, m), i)
+        return self._actions
+
+    def step_begins(self) -> None:
+        self._at = 0 if self.actions() else None
+
+    def ran(self, action: Action) -> None:
+        """A stage began ``action``: the place moves past it, or becomes
+        unknown if the step runs another order than the schedule's."""
+        actions = self.actions()
+        if self._at is not None and self._at < len(actions) and actions[self._at] == action:
+            self._at += 1
+        else:
+            self._at = None
+
+    def room_for_prefires(self, key: Key) -> Optional[int]:
+        """The budget the session of ``key`` gets before a bubble prefire
+        into it: the most it may hold (None: no cap)."""
         if self.bytes is None:
             return None
         if not self.stage_bytes:  # nothing learnt yet: no room known
             return 0
-        others = sum(_holds(mb) for mb in self.pending().values() if mb.session != session)
-        return max(0, self.bytes - self.pass_bytes - others)
+        held = self._held()
+        held.pop(key, None)
+        b_at = self._b_at.get(key)
+        if self._at is None or b_at is None or b_at < self._at:
+            return max(0, self.bytes - self.pass_bytes - sum(held.values()))
+        return max(0, self.bytes - self._walk(held, self.actions()[self._at:b_at], self.pass_bytes))
 
-    def keeps_for_w(self, key: Key) -> bool:
+    def after_b(self, key: Key) -> Tuple[bool, List[Key]]:
         """After the B of ``key``: whether its session may keep its
-        recomputation for W (one that holds nothing has nothing to let go)."""
+        recomputation for W, and the bubble-prefired sessions to let go
+        first so that it may."""
         pending = self.pending()
-        holds = _holds(pending[key])
-        if self.bytes is None or holds == 0:
-            return True
-        held = {k: _holds(mb) for k, mb in pending.items()}
+        held = self._held()
+        holds = held[key]
+        if self.bytes is None or holds == 0:  # one that holds nothing has nothing to let go
+            return True, []
+        need = max(self.pass_bytes, holds)  # for a stage not seen close yet
+        b_at = self._b_at.get(key) if self.actions() else None
+        last = len(self.actions())
+        prefired = sorted((k for k, mb in pending.items() if k != key and not mb.kept_for_w and held[k] > 0),
+                          key=lambda k: self._b_at.get(k, last), reverse=True)
+        let_go: List[Key] = []
+        while True:
+            if b_at is None:
+                peak = sum(held.values()) + need
+            else:
+                peak = self._walk(held, self.actions()[b_at + 1:], need, until_b=True)
+            if peak <= self.bytes:
+                return True, let_go
+            if not prefired:
+                return False, []
+            k = prefired.pop(0)
+            held[k] = 0
+            let_go.append(k)
 
-        def need(stage: int) -> int:  # a stage not seen close yet: like this one
-            return self.stage_bytes.get(stage) or max(self.pass_bytes, holds)
+    def _held(self) -> Dict[Key, int]:
+        return {k: self.holds(mb) for k, mb in self.pending().items()}
 
-        after = self._actions_after(key)
-        if after is None:
-            return sum(held.values()) + max(self.pass_bytes, holds) <= self.bytes
+    def _walk(self, held: Dict[Key, int], actions: Iterable[Action], unseen_need: int,
+              until_b: bool = False) -> int:
+        """The most the rank holds over ``actions`` from ``held`` (Note [A
+        rank's byte budget]); ``until_b``: up to the end of the first B or
+        full backward. A stage not seen close yet needs ``unseen_need``."""
+        pending = self.pending()
+        held = dict(held)
         total = peak = sum(held.values())
-        for kind, stage, mb in after:
+        for kind, stage, mb in actions:
             k = (stage, mb)
-            if kind == "W" and k in pending:
-                if pending[k].w_recomputes:
-                    peak = max(peak, total + need(stage))
-                total -= held[k]  # W ends the session
-            elif kind in ("B", "BW"):
-                peak = max(peak, total + max(0, need(stage) - held.get(k, 0)))
-                break
-        return peak <= self.bytes
-
-    def _actions_after(self, key: Key) -> Optional[List[Action]]:
-        """The rank's actions after the B of ``key``, in order (None: the
-        schedule keeps no order of actions)."""
-        if self._actions is None:
-            self._actions = rank_actions(self.schedule) or []
-            self._b_at = {(s, m): i for i, (kind, s, m) in enumerate(self._actions) if kind == "B"}
-        at = self._b_at.get(key)
-        return None if at is None else self._actions[at + 1:]
+            need = self.stage_bytes.get(stage) or unseen_need
+            if kind in ("B", "BW"):
+                add = max(0, need - held.get(k, 0))
+                peak = max(peak, total + add)
+                if until_b:
+                    break
+                if kind == "B":  # kept for W
+                    held[k] = held.get(k, 0) + add
+                    total += add
+                else:
+                    total -= held.pop(k, 0)
+            elif kind == "W":
+                if k in pending and pending[k].w_recomputes:
+                    peak = max(peak, total + need)
+                total -= held.pop(k, 0)
+        return peak
 
     def closed(self, stage: int, peak_bytes: int) -> None:
         """A session of ``stage`` closed after holding at most ``peak_bytes``."""

@@ -17,9 +17,10 @@ lasted when nothing was prefired. What is left is recomputed lazily by B.
 See Note [Filling bubbles] in ``_bubbles.py``.
 
 With ``budget_bytes=N``, the rank's sessions hold at most N bytes of
-recomputed activations at once: bubble prefires stop short of it, and a
-micro-batch whose recomputation B would keep for W over it lets go after B
-(W recomputes it). See Note [A rank's byte budget] in ``_budget.py``.
+recomputed activations at once: bubble prefires stop short of what the
+actions up to their micro-batch's B will hold, and a micro-batch whose
+recomputation B would keep for W over it lets go after B (W recomputes
+it). See Note [A rank's byte budget] in ``_budget.py``.
 
 Note [Where prefire hooks into a pipeline schedule]
 The stages are the one place every schedule goes through: a schedule calls
@@ -85,6 +86,7 @@ import torch
 from . import _C, _fsdp
 from ._bubbles import BubbleFiller
 from ._budget import RankBudget
+from ._order import rank_actions
 from ._schedule import collect, session
 
 __all__ = ["PipelineStats", "Pipelining", "enable", "on_receive_wait"]
@@ -203,6 +205,7 @@ class PipelineStats:
     bubble_seconds: float = 0.0   # host time spent on bubble prefires
     max_session_bytes: int = 0    # the most bytes one micro-batch's session held (its peak)
     released_after_b: int = 0     # micro-batches whose recomputation B let go for the budget (W recomputed it)
+    prefires_let_go: int = 0      # bubble-prefired micro-batches let go so that a B could keep its recomputation
 
 
 @dataclass
@@ -213,6 +216,7 @@ class _MicroBatch:
     # None, or whether its prefires issue no collective now (an FSDP2 stage: all gathered)
     ready: Optional[Callable[[], bool]] = None
     w_recomputes: bool = False  # B let go of its recomputation for the budget: W recomputes into this session
+    kept_for_w: bool = False    # B ran and kept its recomputation for W
 
 
 def _holds_fsdp(module) -> bool:
@@ -248,6 +252,7 @@ class _StageSessions:
         def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
             self.forwards += 1
             owner._check_steps_start(self)
+            owner.budget.ran(("F", stage.stage_index, fwd_chunk_id))
             if not getattr(stage, "has_backward", True):  # schedule.eval(): no backward, nothing to recompute
                 return original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
             with collect() as handles:
@@ -258,6 +263,7 @@ class _StageSessions:
 
         def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
             full = is_full_backward(args, kwargs)
+            owner.budget.ran(("BW" if full else "B", stage.stage_index, bwd_chunk_id))
             if owner.bubbles is not None:
                 owner.bubbles.backward_started(stage.stage_index, bwd_chunk_id)
             # B keeps what it recomputed for W; a full backward is the last pass.
@@ -266,6 +272,7 @@ class _StageSessions:
                 self.after_b(bwd_chunk_id)
 
         def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
+            owner.budget.ran(("W", stage.stage_index, bwd_chunk_id))
             self.run_pass(bwd_chunk_id, False,
                           lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs))
 
@@ -302,13 +309,28 @@ class _StageSessions:
         the rank's budget; W then recomputes into a session of its own
         (Note [A rank's byte budget])."""
         mb = self.pending.get(micro_batch)
-        if mb is None or self.owner.budget.keeps_for_w((self.stage.stage_index, micro_batch)):
+        if mb is None:
+            return
+        keep, let_go = self.owner.budget.after_b((self.stage.stage_index, micro_batch))
+        for stage_index, other in let_go:
+            self.owner._stages[stage_index].let_go_of_prefires(other)
+        if keep:
+            mb.kept_for_w = True
             return
         self.close(micro_batch)
         w = self.pending[micro_batch] = self._new_session(mb.handles)
         w.w_recomputes = True
         w.prefired = len(w.handles)  # no bubble prefire for W: it recomputes lazily
         self.owner._stats.released_after_b += 1
+
+    def let_go_of_prefires(self, micro_batch: int) -> None:
+        """Lets go of what bubble prefires recomputed for ``micro_batch``
+        (before its B): its checkpoints join a fresh session, which B
+        recomputes into and bubbles may prefire into again."""
+        mb = self.pending[micro_batch]
+        self.close(micro_batch)
+        self.pending[micro_batch] = self._new_session(mb.handles)
+        self.owner._stats.prefires_let_go += 1
 
     def run_pass(self, micro_batch: int, retain: bool, run: Callable[[], Any]) -> None:
         mb = self.pending.get(micro_batch)
@@ -414,7 +436,7 @@ class Pipelining:
         tables = _receive_tables(schedule) if bubble else []  # checks the schedule before anything is wrapped
         self.schedule = schedule
         self.first_stage = stages[0]
-        self.budget = RankBudget(budget_bytes, schedule, self._open_sessions)
+        self.budget = RankBudget(budget_bytes, self._open_sessions, lambda: rank_actions(schedule))
         self._tables = tables
         self._training_steps = 0   # steps begun with a backward (Note [Hook points fail loudly])
         self._checked = False
@@ -443,6 +465,7 @@ class Pipelining:
             sessions.forwards = 0
         for table in self._tables:
             table.posts = table.pops = 0
+        self.budget.step_begins()
         if training:
             self._training_steps += 1
         if self.bubbles is not None:
@@ -487,7 +510,8 @@ class Pipelining:
                 for micro_batch, mb in sessions.pending.items()}
 
     def _bubble_prefire(self, handle, session: int):
-        room = self.budget.room_for_prefires(session)
+        key = next(k for k, mb in self._open_sessions().items() if mb.session == session)
+        room = self.budget.room_for_prefires(key)
         if room is not None:
             _C.set_session_budget(session, room)
         return _C.prefire(handle, session)

@@ -494,3 +494,56 @@ def test_bubble_filler_passes_over_a_micro_batch_whose_prefire_would_issue_a_col
     gathered[0] = True
     filler.before_wait("backward", 1, 0, [])
     assert prefired == [(10, "b0"), (10, "a0"), (11, "b1"), (11, "a1")]
+
+
+def test_a_b_keeps_its_recomputation_for_w_whatever_the_bubble_prefires_hold():
+    """Note [A rank's byte budget]: the keep decision after a B is the one
+    without bubble prefires; the prefires it needs room from are let go,
+    the micro-batch whose B comes last first. Stage 0's need is 10 bytes."""
+    from prefire._budget import RankBudget
+    from prefire.pipelining import _MicroBatch
+
+    actions = [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("F", 0, 2), ("B", 0, 1), ("W", 0, 0),
+               ("B", 0, 2), ("W", 0, 1), ("W", 0, 2)]
+    pending = {(0, m): _MicroBatch(m, ["h"]) for m in range(3)}
+    held = {}
+
+    def budget(n):
+        b = RankBudget(n, lambda: pending, lambda: actions, holds=lambda mb: held.get((0, mb.session), 0))
+        b.closed(0, 10)
+        return b
+
+    # after B of mb 0 (10 held): mb 1's B comes next and needs 10 less what is prefired of it
+    held.update({(0, 0): 10, (0, 1): 5, (0, 2): 10})
+    assert budget(25).after_b((0, 0)) == (True, [(0, 2)])      # 25 + 5 > 25; without mb 2's 10: 20
+    assert budget(20).after_b((0, 0)) == (True, [(0, 2)])      # mb 1's own prefire is part of its B's need
+    assert budget(19).after_b((0, 0)) == (False, [])            # 10 kept + 10 for mb 1's B: nothing let go
+    assert budget(40).after_b((0, 0)) == (True, [])
+    for n in range(10, 41):  # the same decision as with nothing prefired (10: the floor)
+        prefires = {(0, 1): 5, (0, 2): 10}
+        held.update(prefires)
+        with_prefires = budget(n).after_b((0, 0))[0]
+        held.update({k: 0 for k in prefires})
+        assert with_prefires == budget(n).after_b((0, 0))[0], n
+    # a session kept for W is not a prefire: it is never let go
+    held.update({(0, 0): 0, (0, 1): 10, (0, 2): 10})
+    pending[(0, 0)].kept_for_w = True
+    held[(0, 0)] = 10
+    assert budget(30).after_b((0, 1)) == (True, [])         # 30 held now; W of mb 0 ends before B of mb 2
+    assert budget(29).after_b((0, 1)) == (True, [(0, 2)])   # 20 without mb 2's prefire
+    assert budget(19).after_b((0, 1)) == (False, [])
+    # a bubble prefire fills its session up to what the actions until its B leave (each B before keeping for W)
+    pending[(0, 0)].kept_for_w = False
+    held.clear()
+    b = budget(20)
+    for action in actions[:2]:  # F of mb 0 and 1 ran; the rank waits before B of mb 0
+        b.ran(action)
+    assert b.room_for_prefires((0, 2)) == 10  # place unknown (no step began): room for one pass
+    b.step_begins()
+    for action in actions[:2]:
+        b.ran(action)
+    assert b.room_for_prefires((0, 0)) == 20
+    assert b.room_for_prefires((0, 1)) == 10  # B of mb 0 keeps 10 until W of mb 0
+    assert b.room_for_prefires((0, 2)) == 0   # B of mb 1 comes before it with 10 kept already
+    b.ran(("W", 0, 0))  # not the schedule's order: back to keeping room for one pass
+    assert b.room_for_prefires((0, 2)) == 10
