@@ -39,7 +39,7 @@ when the place in the actions is unknown (a schedule with no order of
 actions, not built on ``_PipelineScheduleRuntime``, where both decisions
 keep room for one pass, ``pass_bytes``, instead; or a step whose actions
 ran in another order than the schedule's).
-A budget below a stage's need cannot be kept: nothing is kept nor
+A budget below ``pass_bytes`` cannot be kept: nothing is kept nor
 prefired, and the rank holds that need while a pass runs; a warning says
 so once. On a stage that holds FSDP2 modules, W runs with the stage
 unsharded (the runtime's UNSHARD action comes before its compute), so a W
@@ -114,7 +114,7 @@ class RankBudget:
         into it: the most it may hold (None: no cap)."""
         if self.bytes is None:
             return None
-        if not self.stage_bytes:  # nothing learnt yet: no room known
+        if not self.stage_bytes or self.bytes < self.pass_bytes:  # nothing learnt yet, or below the floor
             return 0
         held = self._held()
         held.pop(key, None)
