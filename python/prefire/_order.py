@@ -1,9 +1,10 @@
-"""This rank's compute actions in a pipeline schedule's own order (used by
-:mod:`prefire._bubbles` and :mod:`prefire._budget`)."""
+"""A rank's compute actions in a pipeline schedule's own order (used by
+:mod:`prefire._bubbles`, :mod:`prefire._budget` and the pipeline
+simulator)."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 #: (kind, stage index, micro-batch): kind "F", "B" (input gradients), "W"
 #: (weight gradients) or "BW" (full backward)
@@ -17,9 +18,15 @@ def rank_actions(schedule) -> Optional[List[Action]]:
     order = getattr(schedule, "pipeline_order_with_comms", None)
     if order is None:
         return None
+    return compute_actions(order[schedule.rank])
+
+
+def compute_actions(actions: Iterable[Any]) -> List[Action]:
+    """The compute actions among torch's ``_Action``s (None entries and
+    communication left out, an OVERLAP_F_B action as its parts)."""
     from torch.distributed.pipelining.schedules import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, FULL_BACKWARD
 
     kinds = {FORWARD: "F", BACKWARD_INPUT: "B", BACKWARD_WEIGHT: "W", FULL_BACKWARD: "BW"}
     return [(kinds[a.computation_type], a.stage_index, a.microbatch_index)
-            for action in order[schedule.rank] if action is not None
+            for action in actions if action is not None
             for a in (action.sub_actions or (action,)) if a.computation_type in kinds]

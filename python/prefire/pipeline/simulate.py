@@ -1,0 +1,477 @@
+"""A timeline simulator of pipeline schedules: what the pipeline program
+would measure on more ranks than this machine can time.
+
+    python -m prefire.pipeline --schedule zbv --modes none,torch,session,bubble --json zbv.json
+    python -m prefire.pipeline.simulate validate zbv.json
+    python -m prefire.pipeline.simulate predict zbv.json --ranks 4,8,16
+
+Note [What the simulator replays]
+The order is torch's own: each rank's compute actions as the schedule
+class lays them out for any number of ranks (``pipeline_order_with_comms``
+of a schedule built over stand-in stages, which needs no process group;
+Schedule1F1B's own loop for 1F1B, which keeps no order). The durations are
+measured: from a 2-rank run of the program (its last measured step's
+timeline), per mode and stage, the median F, B, W and full-backward action
+(with the mode's recomputation inside), the median recomputation of one
+checkpoint (session mode), the latency from a producing action's end to the
+end of the wait it releases on the other rank, and each rank's own time per
+action outside actions and waits (Python, the loss, posting sends).
+Replaying: each rank runs its actions in order; an action starts when the
+rank is free and what it consumes is there (the forward of the stage before
+for F, the backward of the stage after for B or a full backward, plus the
+latency when that ran on another rank; its own B for W). The time a rank
+stands before a dependency that is not there yet is a wait: the bubble.
+Modes: none, torch and session replay their own measured durations; bubble
+replays session's, and while a rank waits on another rank it recomputes
+checkpoints of the micro-batches already forwarded whose backward comes
+next on it, in that order, last block first, one checkpoint at a time
+until the dependency is there (the check comes before each, so the last
+may run past it) -- the rules of Note [Filling bubbles], given the wait's
+length in advance as the runtime learns it from earlier steps; their B then
+takes less by what was prefired.
+Predictions (``predict``) keep what a stage is: a stage of the measured
+size costs what the measured first, middle (mean of the others) or last
+stage cost in that position, so a pipeline of more ranks is a model with
+more blocks (weak scaling), and micro-batches are twice the ranks. 1F1B's
+stage holds what two stages of the measured interleaved run hold (its cost
+the sum of the two), so its model per rank is the other schedules'. The
+2-rank run cannot show contention that more ranks add (the network, a
+shared memory bus): these are predictions, said so wherever they appear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .._order import Action, compute_actions
+from .config import SCHEDULES, stage_indices
+
+Key = Tuple[int, int]  # (stage, micro-batch)
+KINDS = ("F", "B", "W", "BW")
+REPLAYED = ("none", "torch", "session", "bubble")
+
+
+class _StandInStage:
+    """What a schedule's constructor reads of its stages."""
+
+    def __init__(self, index: int, n_stages: int, world: int, rank: int) -> None:
+        self.stage_index, self.num_stages = index, n_stages
+        self.group_size, self.group_rank = world, rank
+        self.is_first, self.is_last = index == 0, index == n_stages - 1
+        self.submod = torch.nn.Module()
+
+
+def _one_f_one_b(stage: int, n_stages: int, micro_batches: int) -> List[Action]:
+    """Schedule1F1B's loop: as many forwards as stages from this one to the
+    last, then a backward and a forward in turn, then the backwards left."""
+    warmup = min(micro_batches, n_stages - stage)
+    order: List[Action] = [("F", stage, m) for m in range(warmup)]
+    forwards, backwards = warmup, 0
+    while True:
+        order.append(("BW", stage, backwards))
+        backwards += 1
+        if forwards == micro_batches:
+            break
+        order.append(("F", stage, forwards))
+        forwards += 1
+    return order + [("BW", stage, m) for m in range(backwards, micro_batches)]
+
+
+def rank_orders(schedule: str, world: int, micro_batches: int) -> List[List[Action]]:
+    """Each rank's compute actions in one step, in torch's order."""
+    cls, per_rank, _ = SCHEDULES[schedule]
+    n_stages = per_rank * world
+    if schedule == "1f1b":
+        return [_one_f_one_b(rank, n_stages, micro_batches) for rank in range(world)]
+    stages = [_StandInStage(i, n_stages, world, 0) for i in stage_indices(schedule, 0, world)]
+    built = cls(stages, micro_batches, loss_fn=lambda output, target: output)
+    return [compute_actions(built.pipeline_order_with_comms[rank]) for rank in range(world)]
+
+
+@dataclass
+class Costs:
+    """Seconds, as the replay takes them: ``action[mode][(kind, stage)]``
+    (one micro-batch, the mode's recomputation inside),
+    ``checkpoint[stage]`` (one checkpoint's recomputation) and
+    ``checkpoints[stage]`` (how many a micro-batch has there), the latency
+    of a message and the rank's own time per action."""
+
+    action: Dict[str, Dict[Tuple[str, int], float]]
+    checkpoint: Dict[int, float]
+    checkpoints: Dict[int, int]
+    latency: float
+    overhead: float
+
+
+@dataclass
+class Replay:
+    step_s: float
+    wait_s: List[float]               # per rank: standing before a dependency
+    prefire_s: List[float]            # per rank: recomputing in bubbles
+    events: List[List[Tuple[str, int, int, float, float]]] = field(default_factory=list)
+
+    def bubble_fraction(self) -> float:
+        return sum(self.wait_s) / (len(self.wait_s) * self.step_s)
+
+
+def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
+           mode: str) -> Replay:
+    """Replays one step (Note [What the simulator replays])."""
+    durations = costs.action["session" if mode == "bubble" else mode]
+    world = len(orders)
+    end: Dict[Tuple[str, int, int], float] = {}   # ("F" or "back", stage, micro-batch) -> when it ended
+    free = [0.0] * world
+    at = [0] * world
+    wait = [0.0] * world
+    prefire = [0.0] * world
+    left: Dict[Key, int] = {}                       # bubble: checkpoints not prefired yet
+    events: List[List[Tuple[str, int, int, float, float]]] = [[] for _ in range(world)]
+
+    def dependency(kind: str, stage: int, mb: int) -> Optional[Tuple[Tuple[str, int, int], bool]]:
+        """What the action consumes, and whether it comes from another rank."""
+        if kind == "F":
+            producer = ("F", stage - 1, mb) if stage > 0 else None
+            other = stage - 1
+        elif kind in ("B", "BW"):
+            producer = ("F", stage, mb) if stage == n_stages - 1 else ("back", stage + 1, mb)
+            other = stage if stage == n_stages - 1 else stage + 1
+        else:
+            producer, other = ("back", stage, mb), stage
+        return None if producer is None else (producer, stage_rank(other) != stage_rank(stage))
+
+    def fill(rank: int, now: float, until: float) -> float:
+        """Bubble prefires from ``now`` while the rank waits until ``until``."""
+        for kind, stage, mb in orders[rank][at[rank]:]:
+            if kind not in ("B", "BW") or end.get(("F", stage, mb), until) > now:
+                continue  # not a backward, or its micro-batch is not forwarded yet
+            remaining = left.setdefault((stage, mb), costs.checkpoints.get(stage, 0))
+            while remaining and now < until:
+                now += costs.checkpoint[stage]
+                prefire[rank] += costs.checkpoint[stage]
+                remaining -= 1
+                events[rank].append(("recompute-bubble", stage, mb, now - costs.checkpoint[stage], now))
+            left[(stage, mb)] = remaining
+            if now >= until:
+                break
+        return now
+
+    todo = sum(len(o) for o in orders)
+    while todo:
+        ran = 0
+        for rank in range(world):
+            while at[rank] < len(orders[rank]):
+                kind, stage, mb = orders[rank][at[rank]]
+                dep = dependency(kind, stage, mb)
+                if dep is not None and dep[0] not in end:
+                    break  # another rank has not produced it yet
+                ready = 0.0 if dep is None else end[dep[0]] + (costs.latency if dep[1] else 0.0)
+                start = free[rank]
+                if ready > start and mode == "bubble" and dep is not None and dep[1]:
+                    start = fill(rank, start, ready)
+                if ready > start:
+                    wait[rank] += ready - start
+                    start = ready
+                took = durations[(kind, stage)] + costs.overhead
+                if mode == "bubble" and kind in ("B", "BW"):
+                    prefired = costs.checkpoints.get(stage, 0) - left.get((stage, mb), costs.checkpoints.get(stage, 0))
+                    took -= prefired * costs.checkpoint[stage]
+                free[rank] = start + took
+                end[("F" if kind == "F" else "back" if kind in ("B", "BW") else "W", stage, mb)] = free[rank]
+                events[rank].append((kind, stage, mb, start, free[rank]))
+                at[rank] += 1
+                todo -= 1
+                ran += 1
+        if not ran:
+            stuck = {rank: orders[rank][at[rank]] for rank in range(world) if at[rank] < len(orders[rank])}
+            raise RuntimeError(f"prefire.pipeline.simulate: the schedule's order deadlocks at {stuck}")
+    return Replay(max(free), wait, prefire, events)
+
+
+# --- what a 2-rank run measured -------------------------------------------------------------------------------
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _stage_of_block(summary: Dict[str, Any]) -> Callable[[int], int]:
+    cfg = summary["config"]
+    _, per_rank, _ = SCHEDULES[cfg["schedule"]]
+    per_stage = cfg["model"]["blocks"] // (per_rank * cfg["world"])
+    return lambda block: block // per_stage
+
+
+def measured_costs(summary: Dict[str, Any]) -> Costs:
+    """The durations a run measured (``python -m prefire.pipeline --json``):
+    its modes' last measured steps (Note [What the simulator replays])."""
+    timelines = summary["timelines"]
+    missing = [m for m in ("none", "torch", "session") if m not in timelines]
+    if missing:
+        raise ValueError(f"prefire.pipeline.simulate: the run has no {', '.join(missing)} mode "
+                         "(run the program with --modes none,torch,session,bubble)")
+    stage_of = _stage_of_block(summary)
+    action: Dict[str, Dict[Tuple[str, int], float]] = {}
+    for mode in ("none", "torch", "session"):
+        samples: Dict[Tuple[str, int], List[float]] = {}
+        for rank in timelines[mode]:
+            for kind, stage, _, begin, end in rank["events"]:
+                if kind in KINDS:
+                    samples.setdefault((kind, stage), []).append(end - begin)
+        action[mode] = {key: _median(v) for key, v in samples.items()}
+    checkpoint_samples: Dict[int, List[float]] = {}
+    for rank in timelines["session"]:
+        for kind, _, block, begin, end in rank["events"]:
+            if kind == "recompute":
+                checkpoint_samples.setdefault(stage_of(block), []).append(end - begin)
+    checkpoint = {stage: _median(v) for stage, v in checkpoint_samples.items()}
+    cfg = summary["config"]
+    per_stage = cfg["model"]["blocks"] // (SCHEDULES[cfg["schedule"]][1] * cfg["world"])
+    checkpoints = {stage: per_stage for stage in checkpoint}
+    return Costs(action, checkpoint, checkpoints, _latency(summary), _overhead(summary))
+
+
+def _latency(summary: Dict[str, Any]) -> float:
+    """The median time from a producing action's end to the end of a wait
+    that it released on another rank."""
+    samples = []
+    for ranks in summary["timelines"].values():
+        ends: Dict[Tuple[str, int, int], float] = {}
+        for rank in ranks:
+            for kind, stage, mb, _, end in rank["events"]:
+                if kind in KINDS:
+                    ends[("F" if kind == "F" else "back", stage, mb)] = end
+        n_stages = max(stage for _, stage, _ in ends) + 1
+        for rank in ranks:
+            events = sorted(rank["events"], key=lambda e: e[3])
+            for i, (kind, stage, mb, begin, end) in enumerate(events):
+                if kind != "wait":
+                    continue
+                after = next((e for e in events[i + 1:] if e[0] in KINDS), None)
+                if after is None:
+                    continue
+                producer = (("F", after[1] - 1, after[2]) if after[0] == "F" else
+                            ("F", after[1], after[2]) if after[1] == n_stages - 1 else ("back", after[1] + 1, after[2]))
+                produced = ends.get(producer)
+                if produced is not None and begin < produced < end:
+                    samples.append(end - produced)
+    return _median(samples)
+
+
+def _overhead(summary: Dict[str, Any]) -> float:
+    """A rank's own time per action: its step span less actions, waits and
+    bubble prefires, over its actions (median over ranks and modes)."""
+    samples = []
+    for ranks in summary["timelines"].values():
+        for rank in ranks:
+            actions = [e for e in rank["events"] if e[0] in KINDS]
+            if not actions:
+                continue
+            span = max(e[4] for e in actions) - rank["begin"]
+            spent = sum(e[4] - e[3] for e in rank["events"] if e[0] in KINDS + ("wait", "recompute-bubble"))
+            samples.append(max(0.0, span - spent) / len(actions))
+    return _median(samples)
+
+
+def measured_step(summary: Dict[str, Any], mode: str) -> Tuple[float, Optional[float]]:
+    """The measured step of a mode's timeline (last action's end, slowest
+    rank) and its ranks' waits together (None where the schedule's waits are
+    not seen: Schedule1F1B)."""
+    ranks = summary["timelines"][mode]
+    step = max(max(e[4] for e in r["events"] if e[0] in KINDS) - r["begin"] for r in ranks)
+    waits = [e[4] - e[3] for r in ranks for e in r["events"] if e[0] == "wait"]
+    return step, (sum(waits) if summary["modes"][mode]["ranks"][0]["wait_s"] is not None else None)
+
+
+def _placement(schedule: str, world: int) -> Callable[[int], int]:
+    _, per_rank, _ = SCHEDULES[schedule]
+    owner = {stage: rank for rank in range(world) for stage in stage_indices(schedule, rank, world)}
+    return owner.__getitem__
+
+
+def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Each mode of a run, measured against its replay with the run's own
+    durations: step and bubble (waits of all ranks) both ways."""
+    cfg = summary["config"]
+    schedule, world, mbs = cfg["schedule"], cfg["world"], cfg["model"]["micro_batches"]
+    costs = measured_costs(summary)
+    orders = rank_orders(schedule, world, mbs)
+    n_stages = SCHEDULES[schedule][1] * world
+    rows = []
+    for mode in REPLAYED:
+        if mode not in summary["timelines"]:
+            continue
+        sim = replay(orders, _placement(schedule, world), n_stages, costs, mode)
+        step, waits = measured_step(summary, mode)
+        rows.append({"schedule": schedule, "mode": mode, "step_s": step, "simulated_step_s": sim.step_s,
+                     "wait_s": waits, "simulated_wait_s": sum(sim.wait_s)})
+    return rows
+
+
+# --- predictions -------------------------------------------------------------------------------------------------
+
+
+def _positions(costs: Costs, n_stages: int) -> Dict[str, Dict[str, float]]:
+    """Per position (first, middle, last) and kind: what a measured stage
+    there took, per mode; a kind not measured in a position is derived
+    (a full backward is B + W, B is a full backward less W)."""
+    out: Dict[str, Dict[str, float]] = {}
+    middle = list(range(1, n_stages - 1))
+    if not middle:
+        raise ValueError("prefire.pipeline.simulate: predicting needs a measured run with a middle stage "
+                         "(2 stages per rank: every schedule but 1f1b; 1f1b is predicted from interleaved-1f1b)")
+    for mode, table in costs.action.items():
+        for position, stages in (("first", [0]), ("middle", middle), ("last", [n_stages - 1])):
+            got = {kind: statistics.mean(table[(kind, s)] for s in stages if (kind, s) in table)
+                   for kind in KINDS if any((kind, s) in table for s in stages)}
+            if "BW" not in got and {"B", "W"} <= set(got):
+                got["BW"] = got["B"] + got["W"]
+            if "B" not in got and "BW" in got:
+                got["B"] = got["BW"] - got.get("W", 0.0)
+                got.setdefault("W", 0.0)
+            out[f"{mode}/{position}"] = got
+    return out
+
+
+def scaled_costs(costs: Costs, measured_stages: int, schedule: str, world: int) -> Costs:
+    """Costs for ``schedule`` on ``world`` ranks (Note [What the simulator
+    replays]: stages keep their measured size; 1F1B's stage is two)."""
+    per_rank = SCHEDULES[schedule][1]
+    group = 2 if schedule == "1f1b" else 1
+    n_stages = per_rank * world
+    fine = _positions(costs, measured_stages)
+    mean_checkpoint = statistics.mean(costs.checkpoint.values())
+    per_checkpoints = max(costs.checkpoints.values())
+
+    def position(fine_stage: int, fine_stages: int) -> str:
+        return "first" if fine_stage == 0 else "last" if fine_stage == fine_stages - 1 else "middle"
+
+    action: Dict[str, Dict[Tuple[str, int], float]] = {}
+    for mode in costs.action:
+        table: Dict[Tuple[str, int], float] = {}
+        for stage in range(n_stages):
+            parts = [position(stage * group + k, n_stages * group) for k in range(group)]
+            for kind in KINDS:
+                if all(kind in fine[f"{mode}/{p}"] for p in parts):
+                    table[(kind, stage)] = sum(fine[f"{mode}/{p}"][kind] for p in parts)
+        action[mode] = table
+    return Costs(action, {s: mean_checkpoint for s in range(n_stages)},
+                 {s: per_checkpoints * group for s in range(n_stages)}, costs.latency, costs.overhead)
+
+
+def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any]:
+    """One schedule on ``world`` ranks, micro-batches twice the ranks, from
+    a measured run's durations: step per mode, its ratios to torch's
+    checkpoint, the bubble fraction and H (Note [What the simulator
+    replays])."""
+    cfg = summary["config"]
+    measured_stages = SCHEDULES[cfg["schedule"]][1] * cfg["world"]
+    costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
+    orders = rank_orders(schedule, world, 2 * world)
+    n_stages = SCHEDULES[schedule][1] * world
+    runs = {mode: replay(orders, _placement(schedule, world), n_stages, costs, mode) for mode in REPLAYED}
+    step = {mode: r.step_s for mode, r in runs.items()}
+    lazy = step["session"] - step["none"]
+    return {
+        "schedule": schedule, "world": world, "micro_batches": 2 * world, "step_s": step,
+        "ratio_to_torch": {mode: step[mode] / step["torch"] for mode in step},
+        "bubble_fraction": {mode: r.bubble_fraction() for mode, r in runs.items()},
+        "hidden_fraction": (step["session"] - step["bubble"]) / lazy if lazy > 0 else None,
+        "prefire_s": sum(runs["bubble"].prefire_s),
+    }
+
+
+def _read(path: str) -> Dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m prefire.pipeline.simulate",
+                                description="Replays pipeline schedules with durations a 2-rank run of "
+                                            "python -m prefire.pipeline measured (its --json summary).")
+    sub = p.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate", help="each run's modes, measured against their replay")
+    v.add_argument("runs", nargs="+", metavar="SUMMARY.json")
+    pr = sub.add_parser("predict", help="the runs' schedules on more ranks (micro-batches = 2 x ranks)")
+    pr.add_argument("runs", nargs="+", metavar="SUMMARY.json")
+    pr.add_argument("--ranks", default="4,8,16")
+    pr.add_argument("--json", metavar="PATH", help="write the predictions as JSON")
+    pr.add_argument("--plot", metavar="PATH", help="plot step time / torch's and H against ranks")
+    a = p.parse_args(argv)
+    summaries = [_read(path) for path in a.runs]
+    if a.command == "validate":
+        print(f"{'schedule':18} {'mode':8} {'step ms':>8} {'replay':>8} {'diff':>6}   "
+              f"{'bubble ms':>9} {'replay':>8} {'diff':>6}")
+        for summary in summaries:
+            for row in validate(summary):
+                waits = row["wait_s"]
+                print(f"{row['schedule']:18} {row['mode']:8} {row['step_s'] * 1e3:8.1f} "
+                      f"{row['simulated_step_s'] * 1e3:8.1f} {row['simulated_step_s'] / row['step_s'] - 1:+6.1%}   "
+                      + (f"{waits * 1e3:9.1f} {row['simulated_wait_s'] * 1e3:8.1f} "
+                         f"{row['simulated_wait_s'] / waits - 1:+6.1%}" if waits else f"{'-':>9} "
+                         f"{row['simulated_wait_s'] * 1e3:8.1f} {'-':>6}"))
+        return 0
+    ranks = [int(r) for r in a.ranks.split(",") if r]
+    by_schedule = {s["config"]["schedule"]: s for s in summaries}
+    schedules = [s for s in by_schedule if s != "1f1b"]  # 1f1b's own run has no middle stage:
+    if "interleaved-1f1b" in by_schedule:                # it is predicted from interleaved-1f1b's
+        schedules.append("1f1b")
+    predictions = [predict(by_schedule["interleaved-1f1b" if schedule == "1f1b" else schedule], schedule, world)
+                   for schedule in schedules for world in ranks]
+    print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks)")
+    print(f"{'schedule':18} {'ranks':>5} {'none/torch':>10} {'session/torch':>13} {'bubble/torch':>12} "
+          f"{'bubble frac (session)':>21} {'H':>6}")
+    for row in predictions:
+        h = row["hidden_fraction"]
+        print(f"{row['schedule']:18} {row['world']:5d} {row['ratio_to_torch']['none']:10.3f} "
+              f"{row['ratio_to_torch']['session']:13.3f} {row['ratio_to_torch']['bubble']:12.3f} "
+              f"{row['bubble_fraction']['session']:21.3f} {'-' if h is None else f'{h:.2f}':>6}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(predictions, f, indent=1)
+    if a.plot:
+        plot(predictions, a.plot)
+    return 0
+
+
+def plot(predictions: List[Dict[str, Any]], path: str) -> None:
+    """Predicted step time over torch's checkpoint (session, bubble) and H
+    against ranks, one line per schedule."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for schedule in dict.fromkeys(r["schedule"] for r in predictions):
+        rows = [r for r in predictions if r["schedule"] == schedule]
+        worlds = [r["world"] for r in rows]
+        line, = left.plot(worlds, [r["ratio_to_torch"]["session"] for r in rows], marker="o", label=schedule)
+        left.plot(worlds, [r["ratio_to_torch"]["bubble"] for r in rows], marker="x", linestyle="--",
+                  color=line.get_color())
+        if all(r["hidden_fraction"] is not None for r in rows):
+            right.plot(worlds, [r["hidden_fraction"] for r in rows], marker="o", color=line.get_color(),
+                       label=schedule)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks (micro-batches = 2 x ranks)")
+        ax.grid(alpha=0.3)
+    left.set_ylabel("step / torch's checkpoint")
+    left.set_title("PREDICTED: session (solid), bubble (dashed)", fontsize=9)
+    right.set_ylabel("H = (session - bubble) / (session - none)")
+    right.set_title("PREDICTED: recomputation hidden in bubbles", fontsize=9)
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

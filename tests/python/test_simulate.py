@@ -1,0 +1,106 @@
+"""The pipeline simulator (prefire.pipeline.simulate): torch's orders for
+any rank count, the replay's arithmetic on durations chosen by hand, and a
+tiny 2-rank run of the program replayed with what it measured."""
+
+import pytest
+
+from prefire.pipeline import run
+from prefire.pipeline.config import SCHEDULES, RunConfig
+from prefire.pipeline.model import ModelConfig
+from prefire.pipeline.simulate import Costs, _placement, predict, rank_orders, replay, validate
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("world", [2, 4, 16])
+def test_every_rank_runs_each_of_its_stages_forward_and_backward_once_per_micro_batch(schedule, world):
+    orders = rank_orders(schedule, world, 2 * world)
+    owner = _placement(schedule, world)
+    n_stages = SCHEDULES[schedule][1] * world
+    for rank, order in enumerate(orders):
+        assert len(set(order)) == len(order)
+        assert all(owner(stage) == rank for _, stage, _ in order)
+        for stage in (s for s in range(n_stages) if owner(s) == rank):
+            for mb in range(2 * world):
+                kinds = sorted(kind for kind, s, m in order if (s, m) == (stage, mb))
+                assert kinds in (["BW", "F"], ["B", "F", "W"]), (schedule, rank, stage, mb, kinds)
+                assert order.index(("F", stage, mb)) < min(order.index((k, stage, mb)) for k in kinds if k != "F")
+
+
+def uniform(n_stages, f, b, w=0.0, latency=0.0, overhead=0.0, checkpoint=0.0, checkpoints=0):
+    table = {}
+    for stage in range(n_stages):
+        table.update({("F", stage): f, ("B", stage): b, ("W", stage): w, ("BW", stage): b + w})
+    return Costs({"none": table, "torch": table, "session": table}, {s: checkpoint for s in range(n_stages)},
+                 {s: checkpoints for s in range(n_stages)}, latency, overhead)
+
+
+@pytest.mark.parametrize("world, micro_batches", [(2, 4), (4, 8), (4, 3)])
+def test_1f1b_with_uniform_stages_takes_micro_batches_plus_stages_less_one_slots(world, micro_batches):
+    orders = rank_orders("1f1b", world, micro_batches)
+    got = replay(orders, _placement("1f1b", world), world, uniform(world, 1.0, 2.0), "none")
+    assert got.step_s == pytest.approx((micro_batches + world - 1) * 3.0)
+    # the first rank waits for its first backward: (stages - 1) forwards and backwards downstream
+    assert got.wait_s[0] == pytest.approx((world - 1) * 3.0)
+
+
+def test_latency_and_overhead_lengthen_each_hop_and_each_action():
+    orders = rank_orders("1f1b", 2, 1)   # F on rank 0, F then BW on rank 1, BW on rank 0
+    got = replay(orders, _placement("1f1b", 2), 2, uniform(2, 1.0, 2.0, latency=0.25, overhead=0.125), "none")
+    assert got.step_s == pytest.approx(2 * 1.125 + 2 * 2.125 + 2 * 0.25)  # F, F, BW, BW, each + overhead; two hops
+
+
+def test_bubble_prefires_recompute_forwarded_micro_batches_while_waiting_and_shorten_their_backward():
+    # 1F1B on 2 ranks, 1 micro-batch: rank 0 waits 1 + 3 for the gradient; 2 checkpoints of 0.5 each
+    orders = rank_orders("1f1b", 2, 1)
+    costs = uniform(2, 1.0, 3.0, checkpoint=0.5, checkpoints=2)
+    session = replay(orders, _placement("1f1b", 2), 2, costs, "session")
+    bubble = replay(orders, _placement("1f1b", 2), 2, costs, "bubble")
+    assert session.step_s == pytest.approx(1 + 1 + 3 + 3)
+    # rank 0 recomputes both checkpoints in its wait (1.0 of 4.0), its backward takes 1.0 less
+    assert bubble.prefire_s == [pytest.approx(1.0), 0.0]
+    assert bubble.step_s == pytest.approx(session.step_s - 1.0)
+    assert bubble.wait_s[0] == pytest.approx(session.wait_s[0] - 1.0)
+    # a wait shorter than one checkpoint still starts one (the check comes before each) and runs past it:
+    # stage 1 has no checkpoint and a 0.2 backward, so rank 0 waits 0.1 -> 0.4; one checkpoint, 0.1 -> 0.6
+    short = uniform(2, 0.1, 1.2, checkpoint=0.5, checkpoints=2)
+    short.checkpoints[1] = 0
+    short.action["session"][("BW", 1)] = 0.2
+    got = replay(orders, _placement("1f1b", 2), 2, short, "bubble")
+    assert got.prefire_s[0] == pytest.approx(0.5) and got.wait_s[0] == 0.0
+    assert got.step_s == pytest.approx(0.6 + 1.2 - 0.5)
+
+
+def test_an_order_that_deadlocks_is_reported():
+    orders = [[("BW", 0, 0), ("F", 0, 0)], [("F", 1, 0), ("BW", 1, 0)]]
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        replay(orders, lambda s: s, 2, uniform(2, 1.0, 1.0), "none")
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    model = ModelConfig(vocab=64, dim=64, heads=2, blocks=8, seq=32, batch=8, micro_batches=4)
+    cfg = RunConfig(model=model, schedule="interleaved-zb", modes=("none", "torch", "session", "bubble"),
+                    steps=2, warmup=4, timeout_s=120)
+    return run(cfg, world=2)
+
+
+def test_a_tiny_two_rank_run_replays_in_its_measured_order_and_near_its_measured_step(tiny_run, no_children_left):
+    """The replay takes the run's own order and durations; its step and
+    bubbles land near what was measured (loose bounds: a tiny run is mostly
+    noise; docs/benchmarks.md holds the real validation)."""
+    orders = rank_orders("interleaved-zb", 2, 4)
+    for mode, ranks in tiny_run["timelines"].items():
+        for rank, timeline in enumerate(ranks):
+            ran = [(kind, stage, mb) for kind, stage, mb, _, _ in sorted(timeline["events"], key=lambda e: e[3])
+                   if kind in ("F", "B", "W", "BW")]
+            assert ran == orders[rank], (mode, rank)
+    rows = {row["mode"]: row for row in validate(tiny_run)}
+    assert set(rows) == {"none", "torch", "session", "bubble"}
+    for row in rows.values():
+        assert 0.6 < row["simulated_step_s"] / row["step_s"] < 1.4, row
+        assert row["wait_s"] is not None and row["simulated_wait_s"] >= 0
+    assert rows["torch"]["simulated_step_s"] > rows["session"]["simulated_step_s"] > rows["none"]["simulated_step_s"]
+    predicted = predict(tiny_run, "interleaved-zb", 4)
+    assert predicted["micro_batches"] == 8 and set(predicted["step_s"]) == {"none", "torch", "session", "bubble"}
+    assert predicted["step_s"]["bubble"] <= predicted["step_s"]["session"]
+    assert no_children_left()
