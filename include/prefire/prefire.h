@@ -7,6 +7,7 @@
 #include <prefire/errors.h>
 #include <prefire/install.h>
 #include <prefire/observer.h>
+#include <prefire/plan.h>
 #include <prefire/saved_tensor_meter.h>
 #include <prefire/schedule.h>
 #include <prefire/session.h>

@@ -27,11 +27,19 @@ def test_every_rank_runs_each_of_its_stages_forward_and_backward_once_per_micro_
 
 
 def uniform(n_stages, f, b, w=0.0, latency=0.0, overhead=0.0, checkpoint=0.0, checkpoints=0):
-    table = {}
-    for stage in range(n_stages):
-        table.update({("F", stage): f, ("B", stage): b, ("W", stage): w, ("BW", stage): b + w})
-    return Costs({"none": table, "torch": table, "session": table}, {s: checkpoint for s in range(n_stages)},
-                 {s: checkpoints for s in range(n_stages)}, latency, overhead)
+    """Every stage alike; B (and a full backward) recomputes the
+    checkpoints, so without them (none mode) it takes that much less."""
+    def table(recompute):
+        out = {}
+        for stage in range(n_stages):
+            out.update({("F", stage): f, ("B", stage): b - recompute, ("W", stage): w,
+                        ("BW", stage): b + w - recompute})
+        return out
+
+    recompute = checkpoint * checkpoints
+    return Costs({"none": table(recompute), "torch": table(0.0), "session": table(0.0)},
+                 {s: checkpoint for s in range(n_stages)}, {s: checkpoints for s in range(n_stages)}, latency,
+                 overhead)
 
 
 @pytest.mark.parametrize("world, micro_batches", [(2, 4), (4, 8), (4, 3)])
@@ -49,7 +57,7 @@ def test_latency_and_overhead_lengthen_each_hop_and_each_action():
     assert got.step_s == pytest.approx(2 * 1.125 + 2 * 2.125 + 2 * 0.25)  # F, F, BW, BW, each + overhead; two hops
 
 
-def test_bubble_prefires_recompute_forwarded_micro_batches_while_waiting_and_shorten_their_backward():
+def test_bubble_rule_1_prefires_the_receiving_micro_batch_whatever_the_wait_and_shortens_its_backward():
     # 1F1B on 2 ranks, 1 micro-batch: rank 0 waits 1 + 3 for the gradient; 2 checkpoints of 0.5 each
     orders = rank_orders("1f1b", 2, 1)
     costs = uniform(2, 1.0, 3.0, checkpoint=0.5, checkpoints=2)
@@ -60,14 +68,30 @@ def test_bubble_prefires_recompute_forwarded_micro_batches_while_waiting_and_sho
     assert bubble.prefire_s == [pytest.approx(1.0), 0.0]
     assert bubble.step_s == pytest.approx(session.step_s - 1.0)
     assert bubble.wait_s[0] == pytest.approx(session.wait_s[0] - 1.0)
-    # a wait shorter than one checkpoint still starts one (the check comes before each) and runs past it:
-    # stage 1 has no checkpoint and a 0.2 backward, so rank 0 waits 0.1 -> 0.4; one checkpoint, 0.1 -> 0.6
+    # the gradient is there after 0.3 (stage 1 has no checkpoint and a 0.2 backward): rule 1 runs on past it
     short = uniform(2, 0.1, 1.2, checkpoint=0.5, checkpoints=2)
     short.checkpoints[1] = 0
     short.action["session"][("BW", 1)] = 0.2
     got = replay(orders, _placement("1f1b", 2), 2, short, "bubble")
-    assert got.prefire_s[0] == pytest.approx(0.5) and got.wait_s[0] == 0.0
-    assert got.step_s == pytest.approx(0.6 + 1.2 - 0.5)
+    assert got.prefire_s[0] == pytest.approx(1.0) and got.wait_s[0] == 0.0
+    assert got.step_s == pytest.approx(0.1 + 1.0 + 1.2 - 1.0)
+
+
+@pytest.mark.parametrize("gradient_after, prefired_by_rule_2", [(3.0, 2), (0.8, 0)])
+def test_bubble_rule_2_fills_the_slack_learnt_without_prefires_with_the_next_forwarded_micro_batch(
+        gradient_after, prefired_by_rule_2):
+    """Rank 0 forwards micro-batches 0 and 1, then waits for 0's gradient:
+    rule 1 prefires micro-batch 0, rule 2 micro-batch 1 while its
+    checkpoints end within the wait session mode had there."""
+    orders = [[("F", 0, 0), ("F", 0, 1), ("BW", 0, 0), ("BW", 0, 1)],
+              [("F", 1, 0), ("BW", 1, 0), ("F", 1, 1), ("BW", 1, 1)]]
+    costs = uniform(2, 1.0, 3.0, checkpoint=0.5, checkpoints=2)
+    costs.checkpoints[1] = 0
+    costs.action["session"][("BW", 1)] = gradient_after
+    got = replay(orders, lambda s: s, 2, costs, "bubble")
+    ahead = [e for e in got.events[0] if e[0] == "recompute-bubble" and e[3] < 2.0 + gradient_after + 1e-9]
+    assert [(stage, mb) for _, stage, mb, _, _ in ahead] == [(0, 0)] * 2 + [(0, 1)] * prefired_by_rule_2
+    assert got.prefire_s[0] == pytest.approx(2.0)  # what rule 2 left, rule 1 prefires at 1's own receive
 
 
 def test_an_order_that_deadlocks_is_reported():

@@ -10,12 +10,14 @@ The order is torch's own: each rank's compute actions as the schedule
 class lays them out for any number of ranks (``pipeline_order_with_comms``
 of a schedule built over stand-in stages, which needs no process group;
 Schedule1F1B's own loop for 1F1B, which keeps no order). The durations are
-measured: from a 2-rank run of the program (its last measured step's
+measured: from a 2-rank run of the program (every measured step's
 timeline), per mode and stage, the median F, B, W and full-backward action
 (with the mode's recomputation inside), the median recomputation of one
 checkpoint (session mode), the latency from a producing action's end to the
-end of the wait it releases on the other rank, and each rank's own time per
-action outside actions and waits (Python, the loss, posting sends).
+end of the wait it releases on the other rank, each rank's own time per
+action outside actions and waits (Python, the loss, posting sends), and
+the step's ending after its last action. It is checked against the run's
+median step and median waits (``validate``).
 Replaying: each rank runs its actions in order; an action starts when the
 rank is free and what it consumes is there (the forward of the stage before
 for F, the backward of the stage after for B or a full backward, plus the
@@ -25,10 +27,15 @@ Modes: none, torch and session replay their own measured durations; bubble
 replays session's, and while a rank waits on another rank it recomputes
 checkpoints of the micro-batches already forwarded whose backward comes
 next on it, in that order, last block first, one checkpoint at a time
-until the dependency is there (the check comes before each, so the last
-may run past it) -- the rules of Note [Filling bubbles], given the wait's
-length in advance as the runtime learns it from earlier steps; their B then
-takes less by what was prefired.
+that ends within the receive's slack -- the rules of Note [Filling
+bubbles], with the slack the runtime learns in its warm-up steps, where
+nothing is prefired: the wait there in session mode's replay. At the
+receive of a micro-batch's gradient all its checkpoints are prefired
+first, whether or not the gradient is there (rule 1: Gloo's receive work
+reports completion only once waited on, so the runtime does). A
+micro-batch's passes then take less by what was prefired: its B first,
+then its W (a first stage's B computes no input gradient, its W
+recomputes), each down to what it takes without checkpoints.
 Predictions (``predict``) keep what a stage is: a stage of the measured
 size costs what the measured first, middle (mean of the others) or last
 stage cost in that position, so a pipeline of more ranks is a model with
@@ -108,6 +115,7 @@ class Costs:
     checkpoints: Dict[int, int]
     latency: float
     overhead: float
+    tail: float = 0.0
 
 
 @dataclass
@@ -115,6 +123,7 @@ class Replay:
     step_s: float
     wait_s: List[float]               # per rank: standing before a dependency
     prefire_s: List[float]            # per rank: recomputing in bubbles
+    waited: Dict[Action, float]       # the waits, by the action they stood before
     events: List[List[Tuple[str, int, int, float, float]]] = field(default_factory=list)
 
     def bubble_fraction(self) -> float:
@@ -123,7 +132,14 @@ class Replay:
 
 def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
            mode: str) -> Replay:
-    """Replays one step (Note [What the simulator replays])."""
+    """Replays one step (Note [What the simulator replays]); bubble mode
+    first replays session mode for the slack of each receive."""
+    slack = _replay(orders, stage_rank, n_stages, costs, "session", {}).waited if mode == "bubble" else {}
+    return _replay(orders, stage_rank, n_stages, costs, mode, slack)
+
+
+def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
+            mode: str, slack: Dict[Tuple[str, int, int], float]) -> Replay:
     durations = costs.action["session" if mode == "bubble" else mode]
     world = len(orders)
     end: Dict[Tuple[str, int, int], float] = {}   # ("F" or "back", stage, micro-batch) -> when it ended
@@ -131,6 +147,7 @@ def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int],
     at = [0] * world
     wait = [0.0] * world
     prefire = [0.0] * world
+    waited: Dict[Action, float] = {}               # before which action, how long
     left: Dict[Key, int] = {}                       # bubble: checkpoints not prefired yet
     events: List[List[Tuple[str, int, int, float, float]]] = [[] for _ in range(world)]
 
@@ -146,21 +163,41 @@ def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int],
             producer, other = ("back", stage, mb), stage
         return None if producer is None else (producer, stage_rank(other) != stage_rank(stage))
 
+    def prefire_all(rank: int, key: Key, now: float, until: float) -> float:
+        """Prefires ``key``'s checkpoints not prefired yet, one at a time
+        while the next one ends by ``until``; returns when it stopped."""
+        stage, mb = key
+        remaining = left.setdefault(key, costs.checkpoints.get(stage, 0))
+        while remaining and now + costs.checkpoint[stage] <= until:
+            events[rank].append(("recompute-bubble", stage, mb, now, now + costs.checkpoint[stage]))
+            now += costs.checkpoint[stage]
+            prefire[rank] += costs.checkpoint[stage]
+            remaining -= 1
+        left[key] = remaining
+        return now
+
     def fill(rank: int, now: float, until: float) -> float:
-        """Bubble prefires from ``now`` while the rank waits until ``until``."""
+        """Rule 2 until ``until`` (the receive's slack): the micro-batches
+        already forwarded whose backward comes next on the rank, in order."""
         for kind, stage, mb in orders[rank][at[rank]:]:
-            if kind not in ("B", "BW") or end.get(("F", stage, mb), until) > now:
-                continue  # not a backward, or its micro-batch is not forwarded yet
-            remaining = left.setdefault((stage, mb), costs.checkpoints.get(stage, 0))
-            while remaining and now < until:
-                now += costs.checkpoint[stage]
-                prefire[rank] += costs.checkpoint[stage]
-                remaining -= 1
-                events[rank].append(("recompute-bubble", stage, mb, now - costs.checkpoint[stage], now))
-            left[(stage, mb)] = remaining
             if now >= until:
                 break
+            if kind in ("B", "BW") and end.get(("F", stage, mb), until) <= now:
+                now = prefire_all(rank, (stage, mb), now, until)
         return now
+
+    def shorter(kind: str, stage: int, mb: int) -> float:
+        """What the micro-batch's passes no longer recompute: B first, then
+        W, each down to what it takes without checkpoints (none mode)."""
+        key = (stage, mb)
+        prefired = (costs.checkpoints.get(stage, 0) - left.get(key, costs.checkpoints.get(stage, 0))) \
+            * costs.checkpoint.get(stage, 0.0)
+        inside_b = max(0.0, durations[("B" if ("B", stage) in durations else "BW", stage)]
+                       - costs.action["none"].get(("B" if ("B", stage) in durations else "BW", stage), 0.0))
+        if kind in ("B", "BW"):
+            return min(prefired, inside_b)
+        return min(max(0.0, prefired - inside_b),
+                   max(0.0, durations[("W", stage)] - costs.action["none"].get(("W", stage), 0.0)))
 
     todo = sum(len(o) for o in orders)
     while todo:
@@ -173,15 +210,19 @@ def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int],
                     break  # another rank has not produced it yet
                 ready = 0.0 if dep is None else end[dep[0]] + (costs.latency if dep[1] else 0.0)
                 start = free[rank]
-                if ready > start and mode == "bubble" and dep is not None and dep[1]:
-                    start = fill(rank, start, ready)
+                if mode == "bubble" and dep is not None and dep[1]:  # a receive: Note [Filling bubbles]
+                    began = start
+                    if kind in ("B", "BW"):  # rule 1, whether or not the gradient is there
+                        start = prefire_all(rank, (stage, mb), start, float("inf"))
+                    start = fill(rank, start, began + slack.get((kind, stage, mb), 0.0))  # rule 2
                 if ready > start:
                     wait[rank] += ready - start
+                    waited[(kind, stage, mb)] = ready - start
+                    events[rank].append(("wait", stage, mb, start, ready))
                     start = ready
                 took = durations[(kind, stage)] + costs.overhead
-                if mode == "bubble" and kind in ("B", "BW"):
-                    prefired = costs.checkpoints.get(stage, 0) - left.get((stage, mb), costs.checkpoints.get(stage, 0))
-                    took -= prefired * costs.checkpoint[stage]
+                if mode == "bubble" and kind != "F":
+                    took -= shorter(kind, stage, mb)
                 free[rank] = start + took
                 end[("F" if kind == "F" else "back" if kind in ("B", "BW") else "W", stage, mb)] = free[rank]
                 events[rank].append((kind, stage, mb, start, free[rank]))
@@ -191,7 +232,7 @@ def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int],
         if not ran:
             stuck = {rank: orders[rank][at[rank]] for rank in range(world) if at[rank] < len(orders[rank])}
             raise RuntimeError(f"prefire.pipeline.simulate: the schedule's order deadlocks at {stuck}")
-    return Replay(max(free), wait, prefire, events)
+    return Replay(max(free) + costs.tail, wait, prefire, waited, events)
 
 
 # --- what a 2-rank run measured -------------------------------------------------------------------------------
@@ -208,9 +249,16 @@ def _stage_of_block(summary: Dict[str, Any]) -> Callable[[int], int]:
     return lambda block: block // per_stage
 
 
+def _steps(rank_timeline: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """A rank's measured steps in a mode (a summary from before the
+    timelines kept every step has the last one only)."""
+    return rank_timeline.get("steps") or [rank_timeline]
+
+
 def measured_costs(summary: Dict[str, Any]) -> Costs:
     """The durations a run measured (``python -m prefire.pipeline --json``):
-    its modes' last measured steps (Note [What the simulator replays])."""
+    medians over its modes' measured steps (Note [What the simulator
+    replays])."""
     timelines = summary["timelines"]
     missing = [m for m in ("none", "torch", "session") if m not in timelines]
     if missing:
@@ -221,27 +269,36 @@ def measured_costs(summary: Dict[str, Any]) -> Costs:
     for mode in ("none", "torch", "session"):
         samples: Dict[Tuple[str, int], List[float]] = {}
         for rank in timelines[mode]:
-            for kind, stage, _, begin, end in rank["events"]:
-                if kind in KINDS:
-                    samples.setdefault((kind, stage), []).append(end - begin)
+            for step in _steps(rank):
+                for kind, stage, _, begin, end in step["events"]:
+                    if kind in KINDS:
+                        samples.setdefault((kind, stage), []).append(end - begin)
         action[mode] = {key: _median(v) for key, v in samples.items()}
     checkpoint_samples: Dict[int, List[float]] = {}
     for rank in timelines["session"]:
-        for kind, _, block, begin, end in rank["events"]:
-            if kind == "recompute":
-                checkpoint_samples.setdefault(stage_of(block), []).append(end - begin)
+        for step in _steps(rank):
+            for kind, _, block, begin, end in step["events"]:
+                if kind == "recompute":
+                    checkpoint_samples.setdefault(stage_of(block), []).append(end - begin)
     checkpoint = {stage: _median(v) for stage, v in checkpoint_samples.items()}
     cfg = summary["config"]
     per_stage = cfg["model"]["blocks"] // (SCHEDULES[cfg["schedule"]][1] * cfg["world"])
     checkpoints = {stage: per_stage for stage in checkpoint}
-    return Costs(action, checkpoint, checkpoints, _latency(summary), _overhead(summary))
+    return Costs(action, checkpoint, checkpoints, _latency(summary), _overhead(summary), _tail(summary))
+
+
+def _all_steps(summary: Dict[str, Any]):
+    """(mode, [each rank's step]) for every measured step of every mode."""
+    for mode, ranks in summary["timelines"].items():
+        for steps in zip(*(_steps(rank) for rank in ranks)):
+            yield mode, list(steps)
 
 
 def _latency(summary: Dict[str, Any]) -> float:
     """The median time from a producing action's end to the end of a wait
     that it released on another rank."""
     samples = []
-    for ranks in summary["timelines"].values():
+    for _, ranks in _all_steps(summary):
         ends: Dict[Tuple[str, int, int], float] = {}
         for rank in ranks:
             for kind, stage, mb, _, end in rank["events"]:
@@ -264,29 +321,38 @@ def _latency(summary: Dict[str, Any]) -> float:
     return _median(samples)
 
 
+def _span(rank_step: Dict[str, Any]) -> float:
+    return max(e[4] for e in rank_step["events"] if e[0] in KINDS) - rank_step["begin"]
+
+
 def _overhead(summary: Dict[str, Any]) -> float:
     """A rank's own time per action: its step span less actions, waits and
-    bubble prefires, over its actions (median over ranks and modes)."""
+    bubble prefires, over its actions (median over ranks, steps and modes)."""
     samples = []
-    for ranks in summary["timelines"].values():
+    for _, ranks in _all_steps(summary):
         for rank in ranks:
             actions = [e for e in rank["events"] if e[0] in KINDS]
-            if not actions:
-                continue
-            span = max(e[4] for e in actions) - rank["begin"]
             spent = sum(e[4] - e[3] for e in rank["events"] if e[0] in KINDS + ("wait", "recompute-bubble"))
-            samples.append(max(0.0, span - spent) / len(actions))
+            samples.append(max(0.0, _span(rank) - spent) / len(actions))
     return _median(samples)
 
 
-def measured_step(summary: Dict[str, Any], mode: str) -> Tuple[float, Optional[float]]:
-    """The measured step of a mode's timeline (last action's end, slowest
-    rank) and its ranks' waits together (None where the schedule's waits are
+def _tail(summary: Dict[str, Any]) -> float:
+    """What a step takes after its last action (the schedule's own ending):
+    the median over steps and modes (0 where steps kept no length)."""
+    return _median([max(0.0, max(r.get("step_s", 0.0) for r in ranks) - max(_span(r) for r in ranks))
+                    for _, ranks in _all_steps(summary) if all("step_s" in r for r in ranks)])
+
+
+def measured_step(summary: Dict[str, Any], mode: str) -> Tuple[float, Optional[List[float]]]:
+    """A mode's measured step (the median, slowest rank) and, per measured
+    step, its ranks' waits together (None where the schedule's waits are
     not seen: Schedule1F1B)."""
-    ranks = summary["timelines"][mode]
-    step = max(max(e[4] for e in r["events"] if e[0] in KINDS) - r["begin"] for r in ranks)
-    waits = [e[4] - e[3] for r in ranks for e in r["events"] if e[0] == "wait"]
-    return step, (sum(waits) if summary["modes"][mode]["ranks"][0]["wait_s"] is not None else None)
+    if summary["modes"][mode]["ranks"][0]["wait_s"] is None:
+        return summary["modes"][mode]["step_s"], None
+    waits = [sum(e[4] - e[3] for r in ranks for e in r["events"] if e[0] == "wait")
+             for _, ranks in _all_steps({"timelines": {mode: summary["timelines"][mode]}})]
+    return summary["modes"][mode]["step_s"], waits
 
 
 def _placement(schedule: str, world: int) -> Callable[[int], int]:
@@ -297,7 +363,9 @@ def _placement(schedule: str, world: int) -> Callable[[int], int]:
 
 def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Each mode of a run, measured against its replay with the run's own
-    durations: step and bubble (waits of all ranks) both ways."""
+    durations: the step (median over the measured steps) and the bubble
+    (waits of all ranks together: their mean over the measured steps, which
+    swing widely from step to step, and the range)."""
     cfg = summary["config"]
     schedule, world, mbs = cfg["schedule"], cfg["world"], cfg["model"]["micro_batches"]
     costs = measured_costs(summary)
@@ -310,7 +378,8 @@ def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
         sim = replay(orders, _placement(schedule, world), n_stages, costs, mode)
         step, waits = measured_step(summary, mode)
         rows.append({"schedule": schedule, "mode": mode, "step_s": step, "simulated_step_s": sim.step_s,
-                     "wait_s": waits, "simulated_wait_s": sum(sim.wait_s)})
+                     "wait_s": statistics.mean(waits) if waits else None, "wait_range_s": waits and
+                     [min(waits), max(waits)], "simulated_wait_s": sum(sim.wait_s)})
     return rows
 
 
@@ -362,7 +431,7 @@ def scaled_costs(costs: Costs, measured_stages: int, schedule: str, world: int) 
                     table[(kind, stage)] = sum(fine[f"{mode}/{p}"][kind] for p in parts)
         action[mode] = table
     return Costs(action, {s: mean_checkpoint for s in range(n_stages)},
-                 {s: per_checkpoints * group for s in range(n_stages)}, costs.latency, costs.overhead)
+                 {s: per_checkpoints * group for s in range(n_stages)}, costs.latency, costs.overhead, costs.tail)
 
 
 def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any]:
@@ -408,15 +477,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     summaries = [_read(path) for path in a.runs]
     if a.command == "validate":
         print(f"{'schedule':18} {'mode':8} {'step ms':>8} {'replay':>8} {'diff':>6}   "
-              f"{'bubble ms':>9} {'replay':>8} {'diff':>6}")
+              f"{'bubble ms (steps min-max)':>26} {'replay':>8} {'diff':>6}")
         for summary in summaries:
             for row in validate(summary):
-                waits = row["wait_s"]
+                waits, sim_wait = row["wait_s"], row["simulated_wait_s"] * 1e3
+                bubble = (f"{waits * 1e3:9.1f} ({row['wait_range_s'][0] * 1e3:5.1f}-{row['wait_range_s'][1] * 1e3:5.1f})"
+                          f" {sim_wait:8.1f} {row['simulated_wait_s'] / waits - 1:+6.1%}" if waits else
+                          f"{'not seen':>26} {sim_wait:8.1f} {'-':>6}")
                 print(f"{row['schedule']:18} {row['mode']:8} {row['step_s'] * 1e3:8.1f} "
                       f"{row['simulated_step_s'] * 1e3:8.1f} {row['simulated_step_s'] / row['step_s'] - 1:+6.1%}   "
-                      + (f"{waits * 1e3:9.1f} {row['simulated_wait_s'] * 1e3:8.1f} "
-                         f"{row['simulated_wait_s'] / waits - 1:+6.1%}" if waits else f"{'-':>9} "
-                         f"{row['simulated_wait_s'] * 1e3:8.1f} {'-':>6}"))
+                      + bubble)
         return 0
     ranks = [int(r) for r in a.ranks.split(",") if r]
     by_schedule = {s["config"]["schedule"]: s for s in summaries}

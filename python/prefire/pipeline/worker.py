@@ -208,7 +208,10 @@ class ModeRun:
             "floor_bytes": self.sessions.budget.pass_bytes if self.sessions is not None else None,
             "eval_recomputations": self.eval_recomputations,
             "pipelining": last.get("pipelining"),
-            "timeline": {"begin": last["begin"], "events": last["events"]},
+            # the last measured step's (plots), and every measured step's (the simulator's durations)
+            "timeline": {"begin": last["begin"], "events": last["events"],
+                         "steps": [{"begin": s["begin"], "step_s": s["step_s"], "events": s["events"]}
+                                   for s in measured]},
         }
 
 

@@ -1,0 +1,46 @@
+#pragma once
+
+// A memory budget in, a plan out: which blocks keep their activations and
+// which are checkpointed, and how many checkpointed blocks to prefire ahead of
+// the backward that needs them, so that a step's activation bytes stay within
+// the budget and it recomputes as little as the budget allows. Pure
+// arithmetic on measured costs (no torch): the same plans for LibTorch
+// programs and the Python package. See Note [What a plan holds] in
+// src/plan.cpp.
+
+#include <cstdint>
+#include <vector>
+
+namespace prefire {
+
+/// What one block costs, as a step that checkpointed it measured.
+struct BlockCost {
+  int64_t saved_bytes = 0;        // bytes: what its forward saves for backward when kept (storages counted once)
+  int64_t input_bytes = 0;        // bytes: what a checkpoint of it holds instead (its inputs)
+  double recompute_seconds = 0;   // seconds: one recomputation of it (its forward)
+  int64_t in_flight = 1;          // micro-batches whose forward it holds at once (1 without a pipeline)
+};
+
+struct Plan {
+  std::vector<bool> checkpointed;  // per block, in the order given
+  int64_t prefire_ahead = 0;       // checkpointed blocks recomputed ahead of the backward that needs them
+  int64_t peak_bytes = 0;          // bytes: the most the plan holds, by Note [What a plan holds]
+  double recompute_seconds = 0;    // seconds: what it recomputes per micro-batch
+};
+
+/// Bytes the plan `checkpointed` holds at most with `prefire_ahead` blocks
+/// prefired (Note [What a plan holds]). Throws std::invalid_argument on
+/// sizes that differ or a negative cost.
+int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed,
+                   int64_t prefire_ahead = 0);
+
+/// The least any plan holds (nothing prefired): the bound plan_for_budget() refuses below.
+int64_t least_plan_bytes(const std::vector<BlockCost>& blocks);
+
+/// The plan that recomputes least within `budget_bytes`, then prefires as far
+/// ahead as the bytes left allow. Throws std::invalid_argument for a budget
+/// below least_plan_bytes() (the message names that minimum), a negative cost
+/// or in_flight below 1. Any thread; deterministic.
+Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes);
+
+}  // namespace prefire

@@ -1,0 +1,142 @@
+// plan_for_budget: within the budget always, never worse than the plans a
+// user writes by hand, within a hair of the best plan an exhaustive search
+// finds, and a clear error below the least any plan holds.
+
+#include <prefire/plan.h>
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using prefire::BlockCost;
+
+double seconds_of(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed) {
+  double total = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) total += checkpointed[i] ? blocks[i].recompute_seconds : 0;
+  return total;
+}
+
+// The least recomputation of any keep/checkpoint choice within the budget.
+double exhaustive_best(const std::vector<BlockCost>& blocks, int64_t budget) {
+  double best = -1;
+  for (uint32_t mask = 0; mask < (1u << blocks.size()); ++mask) {
+    std::vector<bool> checkpointed(blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i) checkpointed[i] = (mask >> i) & 1u;
+    if (prefire::plan_bytes(blocks, checkpointed) > budget) continue;
+    const double seconds = seconds_of(blocks, checkpointed);
+    if (best < 0 || seconds < best) best = seconds;
+  }
+  return best;
+}
+
+std::vector<BlockCost> transformer(int n, int64_t in_flight = 1) {
+  // a block saves 12x its input (attention and MLP activations) and takes 1 ms
+  return std::vector<BlockCost>(static_cast<size_t>(n), BlockCost{12 << 20, 1 << 20, 1e-3, in_flight});
+}
+
+TEST(Plan, BytesFollowTheNote) {
+  const std::vector<BlockCost> blocks{{100, 10, 1.0, 1}, {200, 20, 2.0, 3}, {50, 5, 0.5, 1}};
+  EXPECT_EQ(prefire::plan_bytes(blocks, {false, false, false}), 100 + 3 * 200 + 50);
+  // checkpointed: inputs, plus one recomputation of the largest checkpointed (200), plus one more prefired
+  EXPECT_EQ(prefire::plan_bytes(blocks, {false, true, true}), 100 + 3 * 20 + 5 + 200);
+  EXPECT_EQ(prefire::plan_bytes(blocks, {false, true, true}, 1), 100 + 3 * 20 + 5 + 2 * 200);
+  EXPECT_THROW(prefire::plan_bytes(blocks, {true}), std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes({{-1, 0, 0.0, 1}}, {true}), std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes({{1, 0, 0.0, 0}}, {true}), std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes({{INT64_MAX / 2, 0, 0.0, 3}}, {false}), std::overflow_error);
+}
+
+TEST(Plan, AllTheMemoryKeepsEverythingAndTheLeastCheckpointsEverything) {
+  const auto blocks = transformer(8);
+  const int64_t everything = 8 * (12 << 20);
+  const prefire::Plan keep = prefire::plan_for_budget(blocks, everything);
+  EXPECT_EQ(keep.checkpointed, std::vector<bool>(8, false));
+  EXPECT_EQ(keep.recompute_seconds, 0);
+  EXPECT_EQ(keep.peak_bytes, everything);
+
+  const int64_t least = prefire::least_plan_bytes(blocks);
+  EXPECT_EQ(least, 8 * (1 << 20) + (12 << 20));
+  const prefire::Plan all = prefire::plan_for_budget(blocks, least);
+  EXPECT_EQ(all.checkpointed, std::vector<bool>(8, true));
+  EXPECT_EQ(all.prefire_ahead, 0);
+  EXPECT_EQ(all.peak_bytes, least);
+}
+
+TEST(Plan, ABudgetBelowTheLeastNamesTheLeast) {
+  const auto blocks = transformer(4);
+  const int64_t least = prefire::least_plan_bytes(blocks);
+  try {
+    prefire::plan_for_budget(blocks, least - 1);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("budget_bytes=" + std::to_string(least - 1)), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("least any plan holds: " + std::to_string(least) + " bytes"),
+              std::string::npos);
+  }
+}
+
+TEST(Plan, WhatTheBudgetLeavesGoesToPrefiringAhead) {
+  const auto blocks = transformer(8, 4);
+  // 4 micro-batches' inputs of 8 blocks, one recomputation and two more ahead: a kept block would cost
+  // 4 x 11 MiB more, more than the 24.5 MiB left, which hold two recomputations ahead
+  const int64_t budget = 4 * 8 * (1 << 20) + 3 * (12 << 20) + (1 << 19);
+  const prefire::Plan plan = prefire::plan_for_budget(blocks, budget);
+  EXPECT_EQ(plan.checkpointed, std::vector<bool>(8, true));
+  EXPECT_EQ(plan.prefire_ahead, 2);
+  EXPECT_EQ(plan.peak_bytes, budget - (1 << 19));
+}
+
+TEST(Plan, BytesAreWorthMoreWhereMoreMicroBatchesAreInFlight) {
+  // two blocks alike but for in_flight (a first pipeline stage holds 4 micro-batches, a last one 1):
+  // keeping the last stage's block costs a quarter of the first's
+  const std::vector<BlockCost> blocks{{12, 1, 1.0, 4}, {12, 1, 1.0, 1}};
+  const int64_t budget = prefire::least_plan_bytes(blocks) + 11;
+  const prefire::Plan plan = prefire::plan_for_budget(blocks, budget);
+  EXPECT_EQ(plan.checkpointed, (std::vector<bool>{true, false}));
+}
+
+TEST(Plan, RandomBlocksStayWithinTheBudgetAndNearTheExhaustiveBest) {
+  std::mt19937_64 rng(2026);
+  std::uniform_int_distribution<int64_t> saved(1, 64 << 20);
+  std::uniform_real_distribution<double> fraction(0.02, 1.2);  // some blocks save less than their inputs
+  std::uniform_real_distribution<double> ms(0.1, 10.0);
+  std::uniform_int_distribution<int> in_flight(1, 4);
+  std::uniform_int_distribution<int> count(1, 12);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<BlockCost> blocks(static_cast<size_t>(count(rng)));
+    for (auto& b : blocks) {
+      b.saved_bytes = saved(rng);
+      b.input_bytes = static_cast<int64_t>(static_cast<double>(b.saved_bytes) * fraction(rng));
+      b.recompute_seconds = ms(rng) * 1e-3;
+      b.in_flight = in_flight(rng);
+    }
+    const int64_t least = prefire::least_plan_bytes(blocks);
+    const int64_t most = prefire::plan_bytes(blocks, std::vector<bool>(blocks.size(), false));
+    for (double at : {0.0, 0.1, 0.3, 0.5, 0.8, 1.0}) {
+      const int64_t budget = least + static_cast<int64_t>(at * static_cast<double>(std::max<int64_t>(0, most - least)));
+      const prefire::Plan plan = prefire::plan_for_budget(blocks, budget);
+      ASSERT_LE(plan.peak_bytes, budget) << trial;
+      ASSERT_EQ(plan.peak_bytes, prefire::plan_bytes(blocks, plan.checkpointed, plan.prefire_ahead));
+      ASSERT_DOUBLE_EQ(plan.recompute_seconds, seconds_of(blocks, plan.checkpointed));
+      // every n-th block, as torch users write it, where it fits: never faster than the plan
+      for (size_t every = 1; every <= blocks.size(); ++every) {
+        std::vector<bool> nth(blocks.size(), false);
+        for (size_t i = 0; i < blocks.size(); i += every) nth[i] = true;
+        if (prefire::plan_bytes(blocks, nth) <= budget) {
+          ASSERT_LE(plan.recompute_seconds, seconds_of(blocks, nth) + 1e-12) << trial << " every " << every;
+        }
+      }
+      const double best = exhaustive_best(blocks, budget);
+      ASSERT_GE(best, 0);
+      // rounding the knapsack's bytes to 1/4096 of what is left may cost a hair
+      ASSERT_LE(plan.recompute_seconds, best * 1.05 + 1e-4) << trial << " at " << at;
+    }
+  }
+}
+
+}  // namespace
