@@ -13,15 +13,18 @@ Schedule1F1B's own loop for 1F1B, which keeps no order). The durations are
 measured: from a 2-rank run of the program (every measured step's
 timeline), per mode and stage, the median F, B, W and full-backward action
 (with the mode's recomputation inside), the median recomputation of one
-checkpoint (session mode), the latency from a producing action's end to the
-end of the wait it releases on the other rank, each rank's own time per
-action outside actions and waits (Python, the loss, posting sends), and
-the step's ending after its last action. It is checked against the run's
-median step and median waits (``validate``).
+checkpoint (session mode), a rank's own time between two actions where the
+second waited for nothing (Python, the loss, posting sends and receives:
+the median such gap), a message's latency (the median time from a send to
+the start of the action that waited for it, less that own time), and the
+step's ending after its last action. It is checked against the run's
+median step and its waits (``validate``).
 Replaying: each rank runs its actions in order; an action starts when the
 rank is free and what it consumes is there (the forward of the stage before
 for F, the backward of the stage after for B or a full backward, plus the
-latency when that ran on another rank; its own B for W). The time a rank
+latency when that ran on another rank, counted from when it was sent: a
+DualPipeV OVERLAP_F_B action sends what its parts produced after its last
+part; its own B for W). The time a rank
 stands before a dependency that is not there yet is a wait: the bubble.
 Modes: none, torch and session replay their own measured durations; bubble
 replays session's, and while a rank waits on another rank it recomputes
@@ -49,6 +52,7 @@ shared memory bus): these are predictions, said so wherever they appear.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -91,15 +95,29 @@ def _one_f_one_b(stage: int, n_stages: int, micro_batches: int) -> List[Action]:
     return order + [("BW", stage, m) for m in range(backwards, micro_batches)]
 
 
+@functools.lru_cache(maxsize=None)
+def _built(schedule: str, world: int, micro_batches: int):
+    cls, per_rank, _ = SCHEDULES[schedule]
+    stages = [_StandInStage(i, per_rank * world, world, 0) for i in stage_indices(schedule, 0, world)]
+    return cls(stages, micro_batches, loss_fn=lambda output, target: output)
+
+
 def rank_orders(schedule: str, world: int, micro_batches: int) -> List[List[Action]]:
     """Each rank's compute actions in one step, in torch's order."""
-    cls, per_rank, _ = SCHEDULES[schedule]
-    n_stages = per_rank * world
     if schedule == "1f1b":
-        return [_one_f_one_b(rank, n_stages, micro_batches) for rank in range(world)]
-    stages = [_StandInStage(i, n_stages, world, 0) for i in stage_indices(schedule, 0, world)]
-    built = cls(stages, micro_batches, loss_fn=lambda output, target: output)
+        return [_one_f_one_b(rank, world, micro_batches) for rank in range(world)]
+    built = _built(schedule, world, micro_batches)
     return [compute_actions(built.pipeline_order_with_comms[rank]) for rank in range(world)]
+
+
+def overlaps(schedule: str, world: int, micro_batches: int) -> List[Tuple[Action, ...]]:
+    """The compute actions torch runs as one OVERLAP_F_B action (DualPipeV):
+    it sends what each produced only after the last (``_add_send_recv``)."""
+    if schedule == "1f1b":
+        return []
+    built = _built(schedule, world, micro_batches)
+    return [tuple(compute_actions(action.sub_actions)) for rank in range(world)
+            for action in built.pipeline_order_with_comms[rank] if action is not None and action.sub_actions]
 
 
 @dataclass
@@ -118,6 +136,11 @@ class Costs:
     tail: float = 0.0
 
 
+def _produced(action: Action) -> Tuple[str, int, int]:
+    kind, stage, mb = action
+    return ("F" if kind == "F" else "back" if kind in ("B", "BW") else "W", stage, mb)
+
+
 @dataclass
 class Replay:
     step_s: float
@@ -131,18 +154,23 @@ class Replay:
 
 
 def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
-           mode: str) -> Replay:
-    """Replays one step (Note [What the simulator replays]); bubble mode
-    first replays session mode for the slack of each receive."""
-    slack = _replay(orders, stage_rank, n_stages, costs, "session", {}).waited if mode == "bubble" else {}
-    return _replay(orders, stage_rank, n_stages, costs, mode, slack)
+           mode: str, groups: Sequence[Tuple[Action, ...]] = ()) -> Replay:
+    """Replays one step (Note [What the simulator replays]); ``groups``:
+    actions whose outputs are sent together after the last of them
+    (``overlaps``). Bubble mode first replays session mode for the slack of
+    each receive."""
+    slack = _replay(orders, stage_rank, n_stages, costs, "session", {}, groups).waited if mode == "bubble" else {}
+    return _replay(orders, stage_rank, n_stages, costs, mode, slack, groups)
 
 
 def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
-            mode: str, slack: Dict[Tuple[str, int, int], float]) -> Replay:
+            mode: str, slack: Dict[Tuple[str, int, int], float], groups: Sequence[Tuple[Action, ...]]) -> Replay:
     durations = costs.action["session" if mode == "bubble" else mode]
     world = len(orders)
     end: Dict[Tuple[str, int, int], float] = {}   # ("F" or "back", stage, micro-batch) -> when it ended
+    sent: Dict[Tuple[str, int, int], float] = {}  # ... -> when its output left for another rank
+    last_of = {action: group[-1] for group in groups for action in group}
+    members = {group[-1]: group for group in groups}
     free = [0.0] * world
     at = [0] * world
     wait = [0.0] * world
@@ -206,9 +234,9 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
             while at[rank] < len(orders[rank]):
                 kind, stage, mb = orders[rank][at[rank]]
                 dep = dependency(kind, stage, mb)
-                if dep is not None and dep[0] not in end:
+                if dep is not None and dep[0] not in (sent if dep[1] else end):
                     break  # another rank has not produced it yet
-                ready = 0.0 if dep is None else end[dep[0]] + (costs.latency if dep[1] else 0.0)
+                ready = 0.0 if dep is None else (sent[dep[0]] + costs.latency) if dep[1] else end[dep[0]]
                 start = free[rank]
                 if mode == "bubble" and dep is not None and dep[1]:  # a receive: Note [Filling bubbles]
                     began = start
@@ -224,7 +252,12 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                 if mode == "bubble" and kind != "F":
                     took -= shorter(kind, stage, mb)
                 free[rank] = start + took
-                end[("F" if kind == "F" else "back" if kind in ("B", "BW") else "W", stage, mb)] = free[rank]
+                end[_produced((kind, stage, mb))] = free[rank]
+                action = (kind, stage, mb)
+                if action not in last_of:
+                    sent[_produced(action)] = free[rank]
+                elif last_of[action] == action:
+                    sent.update({_produced(a): free[rank] for a in members[action]})
                 events[rank].append((kind, stage, mb, start, free[rank]))
                 at[rank] += 1
                 todo -= 1
@@ -294,47 +327,63 @@ def _all_steps(summary: Dict[str, Any]):
             yield mode, list(steps)
 
 
-def _latency(summary: Dict[str, Any]) -> float:
-    """The median time from a producing action's end to the end of a wait
-    that it released on another rank."""
-    samples = []
+def _gaps(summary: Dict[str, Any]) -> Tuple[List[float], List[float]]:
+    """Before each action after a rank's first, the time since the rank's
+    previous action ended (less bubble prefires in between): where what the
+    action consumes was there by then, a rank's own time between actions;
+    where it came later from another rank, the time from its producer's end
+    to the action's start."""
+    cfg = summary["config"]
+    groups = overlaps(cfg["schedule"], cfg["world"], cfg["model"]["micro_batches"])
+    own, after_producer = [], []
     for _, ranks in _all_steps(summary):
-        ends: Dict[Tuple[str, int, int], float] = {}
+        ends: Dict[Tuple[str, int, int], float] = {}  # when what each action produced was sent
         for rank in ranks:
             for kind, stage, mb, _, end in rank["events"]:
                 if kind in KINDS:
-                    ends[("F" if kind == "F" else "back", stage, mb)] = end
+                    ends[_produced((kind, stage, mb))] = end
+        for group in groups:
+            if _produced(group[-1]) in ends:
+                ends.update({_produced(a): ends[_produced(group[-1])] for a in group})
         n_stages = max(stage for _, stage, _ in ends) + 1
         for rank in ranks:
             events = sorted(rank["events"], key=lambda e: e[3])
-            for i, (kind, stage, mb, begin, end) in enumerate(events):
-                if kind != "wait":
-                    continue
-                after = next((e for e in events[i + 1:] if e[0] in KINDS), None)
-                if after is None:
-                    continue
-                producer = (("F", after[1] - 1, after[2]) if after[0] == "F" else
-                            ("F", after[1], after[2]) if after[1] == n_stages - 1 else ("back", after[1] + 1, after[2]))
-                produced = ends.get(producer)
-                if produced is not None and begin < produced < end:
-                    samples.append(end - produced)
-    return _median(samples)
+            actions = [e for e in events if e[0] in KINDS]
+            stages = {e[1] for e in actions}
+            for before, (kind, stage, mb, begin, _) in zip(actions, actions[1:]):
+                prefired = sum(e[4] - e[3] for e in events if e[0] == "recompute-bubble" and before[4] <= e[3] < begin)
+                gap = begin - before[4] - prefired
+                if kind == "F":
+                    producer = ("F", stage - 1, mb) if stage > 0 else None
+                elif kind == "W" or stage == n_stages - 1:
+                    producer = None
+                else:
+                    producer = ("back", stage + 1, mb)
+                produced = ends.get(producer) if producer is not None and producer[1] not in stages else None
+                if produced is None or produced <= before[4]:
+                    own.append(gap)
+                else:
+                    after_producer.append(begin - produced)
+    return own, after_producer
+
+
+def _overhead(summary: Dict[str, Any]) -> float:
+    """A rank's own time per action: the median gap between two actions
+    where the second did not wait for another rank (``_gaps``)."""
+    return _median(_gaps(summary)[0])
+
+
+def _latency(summary: Dict[str, Any]) -> float:
+    """A message's latency as the replay adds it: the median time from a
+    producing action's end on another rank to the start of the action that
+    waited for it, less the rank's own time per action (which the replay
+    adds to the action)."""
+    own, after_producer = _gaps(summary)
+    return max(0.0, _median(after_producer) - _median(own))
 
 
 def _span(rank_step: Dict[str, Any]) -> float:
     return max(e[4] for e in rank_step["events"] if e[0] in KINDS) - rank_step["begin"]
-
-
-def _overhead(summary: Dict[str, Any]) -> float:
-    """A rank's own time per action: its step span less actions, waits and
-    bubble prefires, over its actions (median over ranks, steps and modes)."""
-    samples = []
-    for _, ranks in _all_steps(summary):
-        for rank in ranks:
-            actions = [e for e in rank["events"] if e[0] in KINDS]
-            spent = sum(e[4] - e[3] for e in rank["events"] if e[0] in KINDS + ("wait", "recompute-bubble"))
-            samples.append(max(0.0, _span(rank) - spent) / len(actions))
-    return _median(samples)
 
 
 def _tail(summary: Dict[str, Any]) -> float:
@@ -375,7 +424,7 @@ def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     for mode in REPLAYED:
         if mode not in summary["timelines"]:
             continue
-        sim = replay(orders, _placement(schedule, world), n_stages, costs, mode)
+        sim = replay(orders, _placement(schedule, world), n_stages, costs, mode, overlaps(schedule, world, mbs))
         step, waits = measured_step(summary, mode)
         rows.append({"schedule": schedule, "mode": mode, "step_s": step, "simulated_step_s": sim.step_s,
                      "wait_s": statistics.mean(waits) if waits else None, "wait_range_s": waits and
@@ -444,15 +493,20 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
     costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
     orders = rank_orders(schedule, world, 2 * world)
     n_stages = SCHEDULES[schedule][1] * world
-    runs = {mode: replay(orders, _placement(schedule, world), n_stages, costs, mode) for mode in REPLAYED}
+    groups = overlaps(schedule, world, 2 * world)
+    modes = [m for m in REPLAYED if not (m == "bubble" and schedule == "1f1b")]  # no bubble hook in 1F1B
+    runs = {mode: replay(orders, _placement(schedule, world), n_stages, costs, mode, groups) for mode in modes}
     step = {mode: r.step_s for mode, r in runs.items()}
     lazy = step["session"] - step["none"]
+    # all ranks' recomputation in session mode against all their waits: H can be no larger
+    recompute = 2 * world * sum(costs.checkpoints[s] * costs.checkpoint[s] for s in range(n_stages))
     return {
         "schedule": schedule, "world": world, "micro_batches": 2 * world, "step_s": step,
         "ratio_to_torch": {mode: step[mode] / step["torch"] for mode in step},
         "bubble_fraction": {mode: r.bubble_fraction() for mode, r in runs.items()},
-        "hidden_fraction": (step["session"] - step["bubble"]) / lazy if lazy > 0 else None,
-        "prefire_s": sum(runs["bubble"].prefire_s),
+        "hidden_fraction": (step["session"] - step["bubble"]) / lazy if "bubble" in step and lazy > 0 else None,
+        "hidden_fraction_bound": min(1.0, sum(runs["session"].wait_s) / recompute) if recompute > 0 else None,
+        "prefire_s": sum(runs["bubble"].prefire_s) if "bubble" in runs else None,
     }
 
 
@@ -497,12 +551,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                    for schedule in schedules for world in ranks]
     print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks)")
     print(f"{'schedule':18} {'ranks':>5} {'none/torch':>10} {'session/torch':>13} {'bubble/torch':>12} "
-          f"{'bubble frac (session)':>21} {'H':>6}")
+          f"{'bubble frac (session)':>21} {'H':>6} {'H bound':>8}")
+
+    def fmt(value: Optional[float], digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
     for row in predictions:
-        h = row["hidden_fraction"]
-        print(f"{row['schedule']:18} {row['world']:5d} {row['ratio_to_torch']['none']:10.3f} "
-              f"{row['ratio_to_torch']['session']:13.3f} {row['ratio_to_torch']['bubble']:12.3f} "
-              f"{row['bubble_fraction']['session']:21.3f} {'-' if h is None else f'{h:.2f}':>6}")
+        ratio = row["ratio_to_torch"]
+        print(f"{row['schedule']:18} {row['world']:5d} {ratio['none']:10.3f} {ratio['session']:13.3f} "
+              f"{fmt(ratio.get('bubble'), 3):>12} {row['bubble_fraction']['session']:21.3f} "
+              f"{fmt(row['hidden_fraction'], 2):>6} {fmt(row['hidden_fraction_bound'], 2):>8}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(predictions, f, indent=1)
@@ -524,8 +582,9 @@ def plot(predictions: List[Dict[str, Any]], path: str) -> None:
         rows = [r for r in predictions if r["schedule"] == schedule]
         worlds = [r["world"] for r in rows]
         line, = left.plot(worlds, [r["ratio_to_torch"]["session"] for r in rows], marker="o", label=schedule)
-        left.plot(worlds, [r["ratio_to_torch"]["bubble"] for r in rows], marker="x", linestyle="--",
-                  color=line.get_color())
+        if all("bubble" in r["ratio_to_torch"] for r in rows):
+            left.plot(worlds, [r["ratio_to_torch"]["bubble"] for r in rows], marker="x", linestyle="--",
+                      color=line.get_color())
         if all(r["hidden_fraction"] is not None for r in rows):
             right.plot(worlds, [r["hidden_fraction"] for r in rows], marker="o", color=line.get_color(),
                        label=schedule)
