@@ -7,7 +7,7 @@ import pytest
 from prefire.pipeline import run
 from prefire.pipeline.config import SCHEDULES, RunConfig
 from prefire.pipeline.model import ModelConfig
-from prefire.pipeline.simulate import Costs, _placement, predict, rank_orders, replay, validate
+from prefire.pipeline.simulate import Costs, _placement, overlaps, predict, rank_orders, replay, validate
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -128,3 +128,18 @@ def test_a_tiny_two_rank_run_replays_in_its_measured_order_and_near_its_measured
     assert predicted["micro_batches"] == 8 and set(predicted["step_s"]) == {"none", "torch", "session", "bubble"}
     assert predicted["step_s"]["bubble"] <= predicted["step_s"]["session"]
     assert no_children_left()
+
+
+def test_an_overlapped_action_sends_what_its_parts_produced_after_its_last_part():
+    """DualPipeV's OVERLAP_F_B: torch posts the sends after the whole action,
+    so the next stage's forward waits for the second part too."""
+    orders = [[("F", 0, 0), ("F", 0, 1), ("BW", 0, 0), ("BW", 0, 1)],
+              [("F", 1, 0), ("BW", 1, 0), ("F", 1, 1), ("BW", 1, 1)]]
+    costs = uniform(2, 1.0, 1.0)
+    apart = replay(orders, lambda s: s, 2, costs, "none")
+    together = replay(orders, lambda s: s, 2, costs, "none", groups=[(("F", 0, 0), ("F", 0, 1))])
+    assert [e[3] for e in apart.events[1] if e[:3] == ("F", 1, 0)] == [1.0]
+    assert [e[3] for e in together.events[1] if e[:3] == ("F", 1, 0)] == [2.0]
+    assert together.step_s == apart.step_s + 1.0
+    assert overlaps("dualpipev", 2, 4) and all(len(g) == 2 for g in overlaps("dualpipev", 2, 4))
+    assert overlaps("zbv", 2, 4) == []
