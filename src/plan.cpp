@@ -1,7 +1,6 @@
 #include "prefire/plan.h"
 
 #include <algorithm>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -174,8 +173,7 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes)
   };
   const size_t n = blocks.size();
   consider(std::vector<bool>(n, false));
-  consider(std::vector<bool>(n, true));
-  for (size_t every = 2; every < n; ++every) {  // what torch users write: every n-th block
+  for (size_t every = 1; every <= n; ++every) {  // what torch users write: every n-th block (1: all)
     std::vector<bool> checkpointed(n, false);
     for (size_t i = 0; i < n; i += every) checkpointed[i] = true;
     consider(checkpointed);

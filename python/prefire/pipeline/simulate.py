@@ -137,8 +137,22 @@ class Costs:
 
 
 def _produced(action: Action) -> Tuple[str, int, int]:
+    """What an action produces: a forward's output, a backward's (B or
+    full) input gradient, or W's weight gradients."""
     kind, stage, mb = action
     return ("F" if kind == "F" else "back" if kind in ("B", "BW") else "W", stage, mb)
+
+
+def _consumes(action: Action, n_stages: int) -> Optional[Tuple[str, int, int]]:
+    """What an action consumes (as ``_produced`` names it): the forward of
+    the stage before (F), the backward of the stage after (B or a full
+    backward; the last stage its own forward), its own B (W)."""
+    kind, stage, mb = action
+    if kind == "F":
+        return ("F", stage - 1, mb) if stage > 0 else None
+    if kind in ("B", "BW"):
+        return ("F", stage, mb) if stage == n_stages - 1 else ("back", stage + 1, mb)
+    return ("back", stage, mb)
 
 
 @dataclass
@@ -179,18 +193,6 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
     left: Dict[Key, int] = {}                       # bubble: checkpoints not prefired yet
     events: List[List[Tuple[str, int, int, float, float]]] = [[] for _ in range(world)]
 
-    def dependency(kind: str, stage: int, mb: int) -> Optional[Tuple[Tuple[str, int, int], bool]]:
-        """What the action consumes, and whether it comes from another rank."""
-        if kind == "F":
-            producer = ("F", stage - 1, mb) if stage > 0 else None
-            other = stage - 1
-        elif kind in ("B", "BW"):
-            producer = ("F", stage, mb) if stage == n_stages - 1 else ("back", stage + 1, mb)
-            other = stage if stage == n_stages - 1 else stage + 1
-        else:
-            producer, other = ("back", stage, mb), stage
-        return None if producer is None else (producer, stage_rank(other) != stage_rank(stage))
-
     def prefire_all(rank: int, key: Key, now: float, until: float) -> float:
         """Prefires ``key``'s checkpoints not prefired yet, one at a time
         while the next one ends by ``until``; returns when it stopped."""
@@ -217,15 +219,16 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
     def shorter(kind: str, stage: int, mb: int) -> float:
         """What the micro-batch's passes no longer recompute: B first, then
         W, each down to what it takes without checkpoints (none mode)."""
-        key = (stage, mb)
-        prefired = (costs.checkpoints.get(stage, 0) - left.get(key, costs.checkpoints.get(stage, 0))) \
-            * costs.checkpoint.get(stage, 0.0)
-        inside_b = max(0.0, durations[("B" if ("B", stage) in durations else "BW", stage)]
-                       - costs.action["none"].get(("B" if ("B", stage) in durations else "BW", stage), 0.0))
+        checkpoints = costs.checkpoints.get(stage, 0)
+        prefired = (checkpoints - left.get((stage, mb), checkpoints)) * costs.checkpoint.get(stage, 0.0)
+
+        def recomputes(pass_kind: str) -> float:  # the pass's recomputation: it less the pass without checkpoints
+            return max(0.0, durations[(pass_kind, stage)] - costs.action["none"].get((pass_kind, stage), 0.0))
+
+        inside_b = recomputes("B" if ("B", stage) in durations else "BW")
         if kind in ("B", "BW"):
             return min(prefired, inside_b)
-        return min(max(0.0, prefired - inside_b),
-                   max(0.0, durations[("W", stage)] - costs.action["none"].get(("W", stage), 0.0)))
+        return min(max(0.0, prefired - inside_b), recomputes("W"))
 
     todo = sum(len(o) for o in orders)
     while todo:
@@ -233,12 +236,14 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
         for rank in range(world):
             while at[rank] < len(orders[rank]):
                 kind, stage, mb = orders[rank][at[rank]]
-                dep = dependency(kind, stage, mb)
-                if dep is not None and dep[0] not in (sent if dep[1] else end):
+                action = (kind, stage, mb)
+                dep = _consumes(action, n_stages)
+                received = dep is not None and stage_rank(dep[1]) != stage_rank(stage)
+                if dep is not None and dep not in (sent if received else end):
                     break  # another rank has not produced it yet
-                ready = 0.0 if dep is None else (sent[dep[0]] + costs.latency) if dep[1] else end[dep[0]]
+                ready = 0.0 if dep is None else (sent[dep] + costs.latency) if received else end[dep]
                 start = free[rank]
-                if mode == "bubble" and dep is not None and dep[1]:  # a receive: Note [Filling bubbles]
+                if mode == "bubble" and received:  # Note [Filling bubbles]
                     began = start
                     if kind in ("B", "BW"):  # rule 1, whether or not the gradient is there
                         start = prefire_all(rank, (stage, mb), start, float("inf"))
@@ -252,8 +257,7 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                 if mode == "bubble" and kind != "F":
                     took -= shorter(kind, stage, mb)
                 free[rank] = start + took
-                end[_produced((kind, stage, mb))] = free[rank]
-                action = (kind, stage, mb)
+                end[_produced(action)] = free[rank]
                 if action not in last_of:
                     sent[_produced(action)] = free[rank]
                 elif last_of[action] == action:
@@ -275,11 +279,9 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _stage_of_block(summary: Dict[str, Any]) -> Callable[[int], int]:
+def _blocks_per_stage(summary: Dict[str, Any]) -> int:
     cfg = summary["config"]
-    _, per_rank, _ = SCHEDULES[cfg["schedule"]]
-    per_stage = cfg["model"]["blocks"] // (per_rank * cfg["world"])
-    return lambda block: block // per_stage
+    return cfg["model"]["blocks"] // (SCHEDULES[cfg["schedule"]][1] * cfg["world"])
 
 
 def _steps(rank_timeline: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -297,7 +299,7 @@ def measured_costs(summary: Dict[str, Any]) -> Costs:
     if missing:
         raise ValueError(f"prefire.pipeline.simulate: the run has no {', '.join(missing)} mode "
                          "(run the program with --modes none,torch,session,bubble)")
-    stage_of = _stage_of_block(summary)
+    per_stage = _blocks_per_stage(summary)
     action: Dict[str, Dict[Tuple[str, int], float]] = {}
     for mode in ("none", "torch", "session"):
         samples: Dict[Tuple[str, int], List[float]] = {}
@@ -312,12 +314,14 @@ def measured_costs(summary: Dict[str, Any]) -> Costs:
         for step in _steps(rank):
             for kind, _, block, begin, end in step["events"]:
                 if kind == "recompute":
-                    checkpoint_samples.setdefault(stage_of(block), []).append(end - begin)
+                    checkpoint_samples.setdefault(block // per_stage, []).append(end - begin)
     checkpoint = {stage: _median(v) for stage, v in checkpoint_samples.items()}
-    cfg = summary["config"]
-    per_stage = cfg["model"]["blocks"] // (SCHEDULES[cfg["schedule"]][1] * cfg["world"])
     checkpoints = {stage: per_stage for stage in checkpoint}
-    return Costs(action, checkpoint, checkpoints, _latency(summary), _overhead(summary), _tail(summary))
+    own, after_producer = _gaps(summary)
+    overhead = _median(own)
+    # the replay adds the rank's own time to the action: the latency is what is left
+    latency = max(0.0, _median(after_producer) - overhead)
+    return Costs(action, checkpoint, checkpoints, latency, overhead, _tail(summary))
 
 
 def _all_steps(summary: Dict[str, Any]):
@@ -353,33 +357,13 @@ def _gaps(summary: Dict[str, Any]) -> Tuple[List[float], List[float]]:
             for before, (kind, stage, mb, begin, _) in zip(actions, actions[1:]):
                 prefired = sum(e[4] - e[3] for e in events if e[0] == "recompute-bubble" and before[4] <= e[3] < begin)
                 gap = begin - before[4] - prefired
-                if kind == "F":
-                    producer = ("F", stage - 1, mb) if stage > 0 else None
-                elif kind == "W" or stage == n_stages - 1:
-                    producer = None
-                else:
-                    producer = ("back", stage + 1, mb)
+                producer = _consumes((kind, stage, mb), n_stages)
                 produced = ends.get(producer) if producer is not None and producer[1] not in stages else None
                 if produced is None or produced <= before[4]:
                     own.append(gap)
                 else:
                     after_producer.append(begin - produced)
     return own, after_producer
-
-
-def _overhead(summary: Dict[str, Any]) -> float:
-    """A rank's own time per action: the median gap between two actions
-    where the second did not wait for another rank (``_gaps``)."""
-    return _median(_gaps(summary)[0])
-
-
-def _latency(summary: Dict[str, Any]) -> float:
-    """A message's latency as the replay adds it: the median time from a
-    producing action's end on another rank to the start of the action that
-    waited for it, less the rank's own time per action (which the replay
-    adds to the action)."""
-    own, after_producer = _gaps(summary)
-    return max(0.0, _median(after_producer) - _median(own))
 
 
 def _span(rank_step: Dict[str, Any]) -> float:
@@ -405,9 +389,17 @@ def measured_step(summary: Dict[str, Any], mode: str) -> Tuple[float, Optional[L
 
 
 def _placement(schedule: str, world: int) -> Callable[[int], int]:
-    _, per_rank, _ = SCHEDULES[schedule]
     owner = {stage: rank for rank in range(world) for stage in stage_indices(schedule, rank, world)}
     return owner.__getitem__
+
+
+def replay_schedule(schedule: str, world: int, micro_batches: int, costs: Costs,
+                    modes: Sequence[str]) -> Dict[str, Replay]:
+    """``schedule`` on ``world`` ranks replayed in each of ``modes``."""
+    orders = rank_orders(schedule, world, micro_batches)
+    groups = overlaps(schedule, world, micro_batches)
+    n_stages = SCHEDULES[schedule][1] * world
+    return {mode: replay(orders, _placement(schedule, world), n_stages, costs, mode, groups) for mode in modes}
 
 
 def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -416,15 +408,11 @@ def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     (waits of all ranks together: their mean over the measured steps, which
     swing widely from step to step, and the range)."""
     cfg = summary["config"]
-    schedule, world, mbs = cfg["schedule"], cfg["world"], cfg["model"]["micro_batches"]
-    costs = measured_costs(summary)
-    orders = rank_orders(schedule, world, mbs)
-    n_stages = SCHEDULES[schedule][1] * world
+    schedule = cfg["schedule"]
+    modes = [mode for mode in REPLAYED if mode in summary["timelines"]]
+    replays = replay_schedule(schedule, cfg["world"], cfg["model"]["micro_batches"], measured_costs(summary), modes)
     rows = []
-    for mode in REPLAYED:
-        if mode not in summary["timelines"]:
-            continue
-        sim = replay(orders, _placement(schedule, world), n_stages, costs, mode, overlaps(schedule, world, mbs))
+    for mode, sim in replays.items():
         step, waits = measured_step(summary, mode)
         rows.append({"schedule": schedule, "mode": mode, "step_s": step, "simulated_step_s": sim.step_s,
                      "wait_s": statistics.mean(waits) if waits else None, "wait_range_s": waits and
@@ -491,11 +479,9 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
     cfg = summary["config"]
     measured_stages = SCHEDULES[cfg["schedule"]][1] * cfg["world"]
     costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
-    orders = rank_orders(schedule, world, 2 * world)
     n_stages = SCHEDULES[schedule][1] * world
-    groups = overlaps(schedule, world, 2 * world)
     modes = [m for m in REPLAYED if not (m == "bubble" and schedule == "1f1b")]  # no bubble hook in 1F1B
-    runs = {mode: replay(orders, _placement(schedule, world), n_stages, costs, mode, groups) for mode in modes}
+    runs = replay_schedule(schedule, world, 2 * world, costs, modes)
     step = {mode: r.step_s for mode, r in runs.items()}
     lazy = step["session"] - step["none"]
     # all ranks' recomputation in session mode against all their waits: H can be no larger
