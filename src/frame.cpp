@@ -285,12 +285,13 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
   metadata_.push_back(SlotMetadata::of(tensor));
   if (options_.determinism_check == DeterminismCheck::kChecksum) metadata_.back().checksum = tensor_checksum(tensor);
   // See Note [Counting recomputed bytes]: parameters and inputs are aliases.
-  bool counted = tensor.has_storage() && !aliases_a_leaf(tensor) &&
-                 forward_uncounted_.count(tensor.storage().unsafeGetStorageImpl()) == 0;
+  // An input it saves is counted apart: keeping the block would hold it.
+  const bool activation = tensor.has_storage() && !aliases_a_leaf(tensor);
+  const bool counted = activation && forward_uncounted_.count(tensor.storage().unsafeGetStorageImpl()) == 0;
   counted_.push_back(counted ? 1 : 0);
-  if (counted && forward_counted_.insert(tensor.storage().unsafeGetStorageImpl()).second) {
-    expected_bytes_ += static_cast<int64_t>(tensor.storage().nbytes());
-    forward_pins_.push_back(tensor.storage().getWeakStorageImpl());
+  if (activation && forward_counted_.insert(tensor.storage().unsafeGetStorageImpl()).second) {
+    (counted ? expected_bytes_ : saved_input_bytes_) += static_cast<int64_t>(tensor.storage().nbytes());
+    if (counted) forward_pins_.push_back(tensor.storage().getWeakStorageImpl());
   }
   size_t slot;
   {

@@ -79,6 +79,9 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   size_t num_slots() const { return num_slots_; }
   /// Bytes a recomputation of this frame holds; see Note [Counting recomputed bytes].
   int64_t expected_bytes() const { return expected_bytes_; }
+  /// Bytes the forward saved unchecked would hold: expected_bytes() and the
+  /// inputs it saved (leaves that require grad not counted).
+  int64_t kept_bytes() const { return expected_bytes_ + saved_input_bytes_; }
   /// This frame and the checkpoints nested in its forward whose graphs are
   /// alive, recursively, every parent before its children.
   std::vector<std::shared_ptr<Frame>> with_nested();
@@ -161,6 +164,7 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   c10::SmallVector<SlotMetadata, 4> metadata_;  // by slot
   c10::SmallVector<uint8_t, 8> counted_;        // by slot: its storage counts as recomputed bytes
   int64_t expected_bytes_ = 0;
+  int64_t saved_input_bytes_ = 0;
   bool stop_at_last_slot_ = false;  // See Note [Early stop] in frame.cpp
   uint64_t last_pack_sequence_nr_ = 0;
   bool last_pack_was_output_ = false;    // the last save came after its op's kernel; Note [Early stop]

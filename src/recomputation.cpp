@@ -19,7 +19,9 @@
 // slots alias it, from the moment a slot is stored until the last slot using
 // the storage is handed out for good or dropped. The same rule, applied to
 // forward's saves, gives Frame::expected_bytes(), which a session budget
-// compares before a prefire.
+// compares before a prefire; with the inputs forward saved added back it
+// gives Frame::kept_bytes(), what the block would hold unchecked (a plan's
+// cost of keeping it).
 
 #include "recomputation.h"
 

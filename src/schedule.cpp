@@ -87,6 +87,11 @@ bool attach(const CheckpointHandle& handle, SessionId id) {
   return true;
 }
 
+int64_t kept_bytes(const CheckpointHandle& handle) {
+  auto frame = detail::HandleAccess::frame(handle, "kept_bytes");
+  return frame ? frame->kept_bytes() : 0;
+}
+
 PrefireStatus prefire(const CheckpointHandle& handle, SessionId id) {
   PREFIRE_NVTX_RANGE("prefire::prefire", id);
   detail::check_session_id(id, "prefire");

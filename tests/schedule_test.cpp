@@ -92,6 +92,39 @@ TEST(Schedule, PrefireAndSessionRecomputeOnceAndMatchBitForBit) {
   EXPECT_EQ(session_stats(2).current_bytes, 0);
 }
 
+TEST(Schedule, KeptBytesAreWhatTheBlockUncheckedSavesAndItsRecomputationHoldsThemLessItsInput) {
+  Stage stage(1);
+  auto input = [] {
+    auto mb = make_micro_batch(3);
+    mb.x = mb.x * 2;  // not a leaf: a saved input counts
+    return mb;
+  };
+  int64_t kept = 0;
+  {
+    auto mb = input();
+    SavedTensorMeter meter;
+    mb.y = stage.forward(mb.x, false);
+    kept = meter.current_bytes();
+  }
+  std::vector<CheckpointHandle> handles;
+  auto mb = input();
+  {
+    HandleCollector collect;
+    mb.y = stage.forward(mb.x, true);
+    handles = collect.handles();
+  }
+  ASSERT_EQ(handles.size(), 1u);
+  const auto input_bytes = static_cast<int64_t>(mb.x.storage().nbytes());
+  ASSERT_GT(kept, input_bytes);
+  EXPECT_EQ(kept_bytes(handles[0]), kept) << "parameters alias leaves and do not count; the saved input does";
+  EXPECT_EQ(prefire(handles[0], 3), PrefireStatus::kRecomputed);
+  EXPECT_EQ(session_stats(3).current_bytes, kept - input_bytes) << "the recomputation uses the checkpoint's input";
+  clear_session(3);
+  EXPECT_THROW(kept_bytes(CheckpointHandle()), std::invalid_argument);
+  mb = MicroBatch{};
+  EXPECT_EQ(kept_bytes(handles[0]), 0) << "expired";
+}
+
 TEST(Schedule, SessionScopeAloneRecomputesOnFirstUnpackAndReusesInSecondPass) {
   Stage stage(2);
   auto [dx_ref, dw_ref] = reference(stage, 3);

@@ -95,4 +95,13 @@ PrefireStatus prefire(const CheckpointHandle& handle, SessionId id);
 /// expired. Same argument and conflict errors as prefire(); all or nothing.
 bool attach(const CheckpointHandle& handle, SessionId id);
 
+/// Bytes keeping the handle's checkpointed block instead would hold: the
+/// storages its forward saved, each once, as a SavedTensorMeter counts them
+/// for the block run unchecked (the inputs it saved included, leaves that
+/// require grad such as parameters not). A recomputation of it holds these
+/// less its inputs (Note [Counting recomputed bytes]). Checkpoints nested in
+/// it keep dropping theirs, so those are not included. 0 when expired;
+/// std::invalid_argument for a default-made handle. Any thread.
+int64_t kept_bytes(const CheckpointHandle& handle);
+
 }  // namespace prefire

@@ -9,7 +9,9 @@ saved-tensor hooks (Python's autograd engine stays in charge):
   :func:`prefire` recomputes one ahead of backward into a session, and
   :class:`session` makes the backward passes inside it (the input-gradient
   pass B and the weight-gradient pass W of a split backward) share that one
-  recomputation; :func:`clear_session` ends it.
+  recomputation; :func:`clear_session` ends it;
+* :func:`plan_checkpoints` turns a memory budget into which blocks of a
+  model to checkpoint (measured in its first step, planned in C++).
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ if torch.__version__ != _build.TORCH_VERSION:
 
 from . import _C, cuda  # noqa: E402
 from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpoint_sequential, checkpoint_wrapper
+from ._meter import SavedTensorMeter
+from ._plan import (
+    BlockCost,
+    MemoryPlanner,
+    Plan,
+    PlannedBlock,
+    least_plan_bytes,
+    plan_bytes,
+    plan_for_budget,
+    plan_checkpoints,
+)
 from ._schedule import (
     CheckpointHandle,
     PrefireStatus,
@@ -46,11 +59,16 @@ from ._schedule import (
 )
 
 __all__ = [
+    "BlockCost",
     "CheckpointError",
     "CheckpointHandle",
     "CheckpointWrapper",
+    "MemoryPlanner",
+    "Plan",
+    "PlannedBlock",
     "PrefireStatus",
     "RuntimeStats",
+    "SavedTensorMeter",
     "SessionStats",
     "attach",
     "checkpoint",
@@ -58,6 +76,10 @@ __all__ = [
     "checkpoint_wrapper",
     "clear_session",
     "collect",
+    "least_plan_bytes",
+    "plan_bytes",
+    "plan_checkpoints",
+    "plan_for_budget",
     "prefire",
     "reset_runtime_peak",
     "runtime_stats",

@@ -3,9 +3,17 @@ share one recomputation between the backward passes inside the session."""
 
 from __future__ import annotations
 
+import threading
 from typing import List, Optional
 
 from . import _C
+
+_open_collectors = threading.local()
+
+
+def _collecting() -> bool:
+    """Whether a prefire.collect() scope is open on this thread."""
+    return getattr(_open_collectors, "depth", 0) > 0
 
 CheckpointHandle = _C.CheckpointHandle
 PrefireStatus = _C.PrefireStatus
@@ -24,9 +32,11 @@ class collect:
 
     def __enter__(self) -> List[CheckpointHandle]:
         self._collector.open()
+        _open_collectors.depth = getattr(_open_collectors, "depth", 0) + 1
         return self._handles
 
     def __exit__(self, *exc) -> None:
+        _open_collectors.depth -= 1
         self._handles.extend(self._collector.handles())
         self._collector.close()
 

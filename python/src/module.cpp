@@ -265,6 +265,23 @@ PYBIND11_MODULE(_C, m) {
       })
       .def("close", [](PyScope<SessionScope>& s) { s.scope.reset(); });
 
+  py::class_<PyScope<SavedTensorMeter>>(m, "_SavedTensorMeter")
+      .def(py::init<>())
+      .def("open", [](PyScope<SavedTensorMeter>& s) {
+        if (s.scope) throw std::logic_error("prefire.SavedTensorMeter: a meter counts once; make a new one");
+        s.scope.emplace();
+      })
+      .def("close", [](PyScope<SavedTensorMeter>& s) { if (s.scope) s.scope->stop(); })
+      .def_property_readonly("current_bytes", [](const PyScope<SavedTensorMeter>& s) {
+        return s.scope ? s.scope->current_bytes() : 0;
+      })
+      .def_property_readonly("peak_bytes", [](const PyScope<SavedTensorMeter>& s) {
+        return s.scope ? s.scope->peak_bytes() : 0;
+      })
+      .def_property_readonly("saved_tensors", [](const PyScope<SavedTensorMeter>& s) {
+        return s.scope ? s.scope->saved_tensors() : 0;
+      });
+
   py::enum_<PrefireStatus>(m, "PrefireStatus")
       .value("RECOMPUTED", PrefireStatus::kRecomputed)
       .value("ALREADY_RESIDENT", PrefireStatus::kAlreadyResident)
@@ -275,6 +292,7 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("attach", &prefire::attach, py::arg("handle"), py::arg("session"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("kept_bytes", &prefire::kept_bytes, py::arg("handle"));
   m.def("clear_session", &prefire::clear_session, py::arg("session"), py::call_guard<py::gil_scoped_release>());
   m.def("set_session_budget", &prefire::set_session_budget, py::arg("session"), py::arg("bytes"));
 
@@ -300,6 +318,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_runtime_peak", &prefire::reset_runtime_peak);
   m.def("set_recompute_observer", [](const py::object& observer) { set_recompute_observer(wrap_observer(observer)); },
         py::arg("observer"));
+
+  // Plans from a memory budget (plan.h).
+  py::class_<BlockCost>(m, "BlockCost")
+      .def(py::init([](int64_t saved_bytes, int64_t input_bytes, double recompute_seconds, int64_t in_flight) {
+             return BlockCost{saved_bytes, input_bytes, recompute_seconds, in_flight};
+           }),
+           py::arg("saved_bytes"), py::arg("input_bytes"), py::arg("recompute_seconds"), py::arg("in_flight") = 1)
+      .def_readonly("saved_bytes", &BlockCost::saved_bytes)
+      .def_readonly("input_bytes", &BlockCost::input_bytes)
+      .def_readonly("recompute_seconds", &BlockCost::recompute_seconds)
+      .def_readonly("in_flight", &BlockCost::in_flight);
+  py::class_<Plan>(m, "Plan")
+      .def_readonly("checkpointed", &Plan::checkpointed)
+      .def_readonly("prefire_ahead", &Plan::prefire_ahead)
+      .def_readonly("peak_bytes", &Plan::peak_bytes)
+      .def_readonly("recompute_seconds", &Plan::recompute_seconds);
+  m.def("plan_for_budget", &prefire::plan_for_budget, py::arg("blocks"), py::arg("budget_bytes"));
+  m.def("least_plan_bytes", &prefire::least_plan_bytes, py::arg("blocks"));
+  m.def("plan_bytes", &prefire::plan_bytes, py::arg("blocks"), py::arg("checkpointed"), py::arg("prefire_ahead") = 0);
 
   // CUDA knobs (no-ops, or 0, without CUDA).
   m.def("cuda_available", &prefire::cuda_available);

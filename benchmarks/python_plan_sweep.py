@@ -1,0 +1,212 @@
+"""A memory budget sweep for a plain model: prefire.plan_checkpoints against
+the configurations a user writes with torch's checkpoint, in one process.
+
+The model: a GPT stack split as Megatron's selective recompute sees it, an
+attention block (its softmax saves batch x heads x seq^2) and an MLP block
+(4x wider matmuls) per layer, dropout in both. For budgets from what
+the least the planner promises (its byte model over-counts what
+checkpointing every block measures) to what checkpointing none holds, each row
+gives prefire's plan (which blocks it checkpoints, the most bytes the step
+held, the step time) and every torch configuration that fits the budget:
+every n-th block for n = 1..4 (n = 2: the attention blocks, what Megatron's
+selective recompute chooses by hand), the MLP blocks, and none. Bytes come from prefire's census (a SavedTensorMeter
+plus recomputed bytes, peak of forward and backward), for torch's
+configurations measured on the same configuration run with
+prefire.checkpoint (the same tensors are saved and recomputed; torch's
+checkpoint keeps its recomputed tensors where the census cannot see them);
+times are medians over interleaved rounds, torch's configurations timed
+with torch.utils.checkpoint itself.
+
+    PYTHONPATH=build/python ~/.cache/prefire/venv/bin/python benchmarks/python_plan_sweep.py \
+        [--json sweep.json] [--plot docs/plan-sweep.png]
+"""
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as torch_checkpoint
+
+import prefire
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, dim, heads, dropout):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.ln = torch.nn.LayerNorm(dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = F.dropout((q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5).softmax(-1), self.dropout, self.training)
+        return x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, dim, dropout):
+        super().__init__()
+        self.dropout = dropout
+        self.ln = torch.nn.LayerNorm(dim)
+        self.fc1 = torch.nn.Linear(dim, 4 * dim)
+        self.fc2 = torch.nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln(x)))), self.dropout, self.training)
+
+
+def make_blocks(args):
+    torch.manual_seed(args.seed)
+    blocks = []
+    for _ in range(args.layers):
+        blocks += [Attention(args.dim, args.heads, args.dropout), Mlp(args.dim, args.dropout)]
+    return torch.nn.ModuleList(blocks)
+
+
+def step_fn(blocks, x, wrap):
+    def step():
+        h = x * 1.0  # an embedding's output: block 0's input is an activation
+        for i, b in enumerate(blocks):
+            h = wrap(i, b, h)
+        h.backward(torch.ones_like(h))
+    return step
+
+
+def held_bytes(step):
+    """The most bytes the step's activations held: saved (census) plus recomputed."""
+    prefire.reset_runtime_peak()
+    before = prefire.runtime_stats().held_bytes
+    with prefire.SavedTensorMeter():
+        step()
+    return prefire.runtime_stats().peak_held_bytes - before
+
+
+def chosen(blocks, which):
+    """wrap() that checkpoints the blocks in `which` with `ckpt`."""
+    def wrap_with(ckpt):
+        def wrap(i, b, h):
+            return ckpt(b, h) if i in which else b(h)
+        return wrap
+    return wrap_with
+
+
+def prefire_ckpt(b, h):
+    return prefire.checkpoint(b, h)
+
+
+def torch_ckpt(b, h):
+    return torch_checkpoint.checkpoint(b, h, use_reentrant=False)
+
+
+def median_ms(steps, rounds, iterations):
+    times = {name: [] for name in steps}
+    for step in steps.values():
+        step()  # warm-up (and the planner's measuring step)
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for _ in range(iterations):
+                step()
+            times[name].append((time.perf_counter() - start) / iterations * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--budgets", type=int, default=6, help="budgets from checkpointing every block to none")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    reference = make_blocks(args)
+    n = len(reference)
+    x = torch.randn(args.batch, args.seq, args.dim)
+    every = {f"every {k}": set(range(0, n, k)) for k in (1, 2, 3, 4)}
+    configs = {**every, "MLP blocks": set(range(1, n, 2)), "none": set()}
+    bytes_of = {name: held_bytes(step_fn(reference, x, chosen(reference, which)(prefire_ckpt)))
+                for name, which in configs.items()}
+    probe = copy.deepcopy(reference)
+    planner = prefire.plan_checkpoints(probe, memory_budget=bytes_of["none"])
+    step_fn(probe, x, lambda i, b, h: b(h))()
+    least = prefire.least_plan_bytes(planner.costs)  # what the planner can promise (its bytes over-count)
+    print(f"{n} blocks; measured: every block checkpointed {bytes_of['every 1'] / 2**20:.2f} MiB, none "
+          f"{bytes_of['none'] / 2**20:.2f} MiB; the least plan promises {least / 2**20:.2f} MiB", flush=True)
+    low, high = max(least, bytes_of["every 1"]), bytes_of["none"]
+    budgets = [round(low + (high - low) * k / (args.budgets - 1)) for k in range(args.budgets)]
+    rows = []
+    for budget in budgets:
+        planned = copy.deepcopy(reference)
+        planner = prefire.plan_checkpoints(planned, memory_budget=budget)
+        plan_step = step_fn(planned, x, lambda i, b, h: b(h))
+        plan_step()  # the measuring step
+        fits = [name for name in configs if bytes_of[name] <= budget]
+        steps = {"prefire plan": plan_step}
+        steps.update({f"torch {name}": step_fn(reference, x, chosen(reference, configs[name])(torch_ckpt))
+                      for name in fits})
+        ms = median_ms(steps, args.rounds, args.iterations)
+        plan_bytes = held_bytes(plan_step)
+        row = {"budget_bytes": budget,
+               "plan": {"checkpointed": [i for i, c in enumerate(planner.plan.checkpointed) if c],
+                        "held_bytes": plan_bytes, "step_ms": ms["prefire plan"],
+                        "planned_peak_bytes": planner.plan.peak_bytes},
+               "torch": {name: {"held_bytes": bytes_of[name], "step_ms": ms[f"torch {name}"]} for name in fits}}
+        rows.append(row)
+        best = min(fits, key=lambda name: ms[f"torch {name}"])
+        print(f"budget {budget / 2**20:7.2f} MiB: prefire checkpoints {row['plan']['checkpointed']} "
+              f"held {plan_bytes / 2**20:6.2f} MiB, {ms['prefire plan']:7.1f} ms | fastest torch config that fits: "
+              f"{best} held {bytes_of[best] / 2**20:6.2f} MiB, {ms[f'torch {best}']:7.1f} ms "
+              f"(plan/torch {ms['prefire plan'] / ms[f'torch {best}']:.3f})", flush=True)
+        assert plan_bytes <= budget, f"the plan held {plan_bytes} bytes above the budget {budget}"
+    result = {"args": vars(args), "blocks": n, "config_bytes": bytes_of, "least_plan_bytes": least, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.plot:
+        plot(result, args.plot)
+
+
+def plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    rows = result["rows"]
+    ax.plot([r["plan"]["held_bytes"] / 2**20 for r in rows], [r["plan"]["step_ms"] for r in rows], "o-",
+            label="prefire plan (one per budget)")
+    names = sorted({name for r in rows for name in r["torch"]})
+    for name in names:
+        points = [(r["torch"][name]["held_bytes"] / 2**20, r["torch"][name]["step_ms"]) for r in rows
+                  if name in r["torch"]]
+        ax.plot([statistics.median(p[0] for p in points)], [statistics.median(p[1] for p in points)], "s",
+                label=f"torch checkpoint, {name}")
+    for r in rows:
+        ax.axvline(r["budget_bytes"] / 2**20, color="0.85", lw=0.8, zorder=0)
+    ax.set_xlabel("peak activation memory (MiB; grey lines: budgets)")
+    ax.set_ylabel("step time (ms)")
+    ax.legend(fontsize=7)
+    ax.set_title("Step time against activation memory (CPU, one process)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

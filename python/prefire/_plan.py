@@ -1,0 +1,253 @@
+"""A memory budget in, a plan out, for a model that runs a list of blocks:
+``prefire.plan_checkpoints(model.layers, memory_budget=...)``.
+
+Note [Planning a plain model's blocks]
+The planner wraps every block in a :class:`PlannedBlock` (torch's
+``CheckpointWrapper``, so ``state_dict`` keys stay those of the bare block,
+and FSDP and distributed checkpointing recognise it). Block 0's forward
+begins a step; its inputs' shapes, dtypes and devices are the step's
+signature. The first step of a signature measures: every block is
+checkpointed (the least memory a plan can hold, up to blocks that save less
+than their inputs), and for each the runtime's census says what keeping it
+would hold (``kept_bytes``: the storages its forward saved, as a
+SavedTensorMeter counts them unchecked: parameters not counted), its inputs'
+storages say what the checkpoint holds instead, and its forward time stands for one recomputation (on CUDA
+synchronised: the measuring step only). After the last block's forward the
+C++ planner (``plan_for_budget``, Note [Choosing a plan] in src/plan.cpp)
+chooses which blocks keep their activations, the plan is logged, and every
+later step of that signature runs it; a new signature measures again, so a
+shape change re-plans and alternating shapes each keep their plan.
+
+A budget below what the least plan holds raises at the end of the measuring
+forward, naming that minimum. What the measuring step itself held is
+checked against the budget too (a warning when above it: only a budget
+between the least plan and checkpointing everything can see one).
+
+The budget covers the blocks' activations: what the runtime counts as saved
+by the blocks (kept blocks' saved tensors, checkpointed blocks' inputs, one
+recomputation at a time). The plan's prefire_ahead is for schedules that
+prefire (the pipeline integration); a plain model's backward recomputes
+each checkpointed block as it reaches it, which holds no more than planned.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
+from torch.utils import _pytree as pytree
+
+from . import _C, _schedule
+from ._checkpoint import checkpoint
+
+BlockCost = _C.BlockCost
+Plan = _C.Plan
+
+_log = logging.getLogger("prefire")
+
+
+def plan_for_budget(blocks: Sequence[BlockCost], budget_bytes: int) -> Plan:
+    """The plan that recomputes least within ``budget_bytes`` (the C++
+    planner). Raises ValueError below :func:`least_plan_bytes`, naming it."""
+    return _C.plan_for_budget(list(blocks), int(budget_bytes))
+
+
+def least_plan_bytes(blocks: Sequence[BlockCost]) -> int:
+    """The least any plan of ``blocks`` holds."""
+    return _C.least_plan_bytes(list(blocks))
+
+
+def plan_bytes(blocks: Sequence[BlockCost], checkpointed: Sequence[bool], prefire_ahead: int = 0) -> int:
+    """What the plan ``checkpointed`` holds at most (Note [What a plan holds])."""
+    return _C.plan_bytes(list(blocks), list(checkpointed), prefire_ahead)
+
+
+def _tensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
+    return [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+
+
+def _input_bytes(tensors: List[torch.Tensor]) -> int:
+    """Bytes a checkpoint of a block holds for these inputs: their storages,
+    once each, leaves that require grad (parameters) not counted."""
+    seen = {}
+    for t in tensors:
+        base = t if t._base is None else t._base
+        if base.is_leaf and base.requires_grad:  # parameters and views of them live anyway
+            continue
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a subclass without storage
+            continue
+        seen[(t.device, storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _signature(tensors: List[torch.Tensor]) -> Tuple[Any, ...]:
+    return tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
+
+
+class _Measuring:
+    """The census of one measuring step."""
+
+    def __init__(self, blocks: int) -> None:
+        self.costs: List[Optional[BlockCost]] = [None] * blocks
+        self.synchronize = False
+
+
+class MemoryPlanner:
+    """Chooses, per input signature, which of a list of blocks keep their
+    activations within ``memory_budget`` bytes (Note [Planning a plain
+    model's blocks]). Made by :func:`plan_checkpoints`."""
+
+    def __init__(self, blocks: int, memory_budget: int, checkpoint_kwargs: Dict[str, Any]) -> None:
+        if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 0:
+            raise ValueError(f"prefire.plan_checkpoints: memory_budget must be a number of bytes >= 0, "
+                             f"got {memory_budget!r}")
+        self.memory_budget = memory_budget
+        self.blocks = blocks
+        self._checkpoint_kwargs = checkpoint_kwargs
+        self._plans: Dict[Tuple[Any, ...], Plan] = {}
+        self._costs: Dict[Tuple[Any, ...], List[BlockCost]] = {}
+        self._step: Optional[Plan] = None  # the plan this step runs; None while measuring
+        self._measuring: Optional[_Measuring] = None
+        self._signature: Optional[Tuple[Any, ...]] = None
+        self.measuring_steps = 0
+
+    @property
+    def plan(self) -> Optional[Plan]:
+        """The plan of the latest step's signature (None before it was measured)."""
+        return self._plans.get(self._signature) if self._signature is not None else None
+
+    @property
+    def costs(self) -> Optional[List[BlockCost]]:
+        """What the measuring step of the latest signature measured per block."""
+        return self._costs.get(self._signature) if self._signature is not None else None
+
+    def describe(self) -> str:
+        plan, costs = self.plan, self.costs
+        if plan is None or costs is None:
+            return "prefire: no plan yet (the first step with gradients measures)"
+        chosen = [i for i, c in enumerate(plan.checkpointed) if c]
+        kept = sum(c.saved_bytes for c, ck in zip(costs, plan.checkpointed) if not ck)
+        return (f"prefire: memory budget {self.memory_budget} bytes for inputs {self._signature}: "
+                f"checkpointing {len(chosen)} of {self.blocks} blocks {chosen}, keeping {kept} bytes of activations; "
+                f"holds at most {plan.peak_bytes} bytes, recomputes {plan.recompute_seconds * 1e3:.3f} ms per step "
+                f"(least any plan holds: {least_plan_bytes(costs)} bytes)")
+
+    def run(self, index: int, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            raise RuntimeError("prefire.plan_checkpoints: plans eager steps and cannot run inside torch.compile; "
+                               "compile inside the blocks instead (blocks[i] = torch.compile(blocks[i]) before "
+                               "planning)")
+        if not torch.is_grad_enabled():
+            return module(*args, **kwargs)  # nothing is saved: nothing to plan
+        tensors = _tensors(args, kwargs)
+        if index == 0:
+            self._begin_step(tensors)
+        if self._measuring is None:
+            if self._step is None:
+                raise RuntimeError(f"prefire.plan_checkpoints: block {index} ran before block 0 of its step; the "
+                                   f"planned blocks must run in order, block 0 first")
+            if self._step.checkpointed[index]:
+                return checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs)
+            return module(*args, **kwargs)
+        return self._measure(index, module, tensors, args, kwargs)
+
+    def _begin_step(self, tensors: List[torch.Tensor]) -> None:
+        self._signature = _signature(tensors)
+        self._step = self._plans.get(self._signature)
+        self._measuring = None
+        if self._step is None:
+            self._measuring = _Measuring(self.blocks)
+            self._measuring.synchronize = any(t.is_cuda for t in tensors)
+            self.measuring_steps += 1
+
+    def _measure(self, index: int, module: torch.nn.Module, tensors: List[torch.Tensor], args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any]) -> Any:
+        measuring = self._measuring
+        assert measuring is not None
+        if _schedule._collecting():
+            raise RuntimeError("prefire.plan_checkpoints: a planned block measured inside prefire.collect(); plan "
+                               "outside it (a pipeline plans with enable(schedule, memory_budget=...))")
+        if measuring.synchronize:
+            torch.cuda.synchronize()
+        begin = time.perf_counter()
+        with _schedule.collect() as handles:
+            out = checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs)
+        if measuring.synchronize:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - begin
+        if len(handles) != 1:
+            raise RuntimeError(f"prefire.plan_checkpoints: block {index} made {len(handles)} outermost checkpoints "
+                               f"where its checkpoint should be the one (is it inside another checkpoint?)")
+        measuring.costs[index] = BlockCost(_C.kept_bytes(handles[0]), _input_bytes(tensors), seconds)
+        if index == self.blocks - 1:
+            self._choose(measuring)
+        return out
+
+    def _choose(self, measuring: _Measuring) -> None:
+        self._measuring = None
+        missing = [i for i, c in enumerate(measuring.costs) if c is None]
+        if missing:
+            raise RuntimeError(f"prefire.plan_checkpoints: blocks {missing} did not run between block 0 and the "
+                               f"last block; the planned blocks must each run once per step, in order")
+        costs = [c for c in measuring.costs if c is not None]
+        try:
+            plan = plan_for_budget(costs, self.memory_budget)
+        except ValueError as error:
+            raise ValueError(f"prefire.plan_checkpoints: memory_budget={self.memory_budget} bytes is below the "
+                             f"least any plan of these blocks holds, {least_plan_bytes(costs)} bytes, for inputs "
+                             f"{self._signature} ({error})") from None
+        measured = plan_bytes(costs, [True] * len(costs))
+        if measured > self.memory_budget:
+            warnings.warn(f"prefire.plan_checkpoints: the measuring step checkpointed every block and held up to "
+                          f"{measured} bytes, above memory_budget={self.memory_budget}; later steps hold at most "
+                          f"{plan.peak_bytes}", stacklevel=3)
+        self._plans[self._signature] = plan
+        self._costs[self._signature] = costs
+        self._step = plan
+        _log.info("%s", self.describe())
+
+
+class PlannedBlock(torch_wrapper.CheckpointWrapper):
+    """One block of a :class:`MemoryPlanner`: checkpointed or not, as the
+    plan of the step's signature says. ``state_dict`` keys are those of the
+    bare block (torch's ``CheckpointWrapper``)."""
+
+    def __init__(self, module: torch.nn.Module, planner: MemoryPlanner, index: int) -> None:
+        super().__init__(module, torch_wrapper.CheckpointImpl.NO_REENTRANT, functools.partial(planner.run, index))
+        self.index = index
+
+
+def plan_checkpoints(blocks: torch.nn.Module, memory_budget: int, **checkpoint_kwargs: Any) -> MemoryPlanner:
+    """Plans activation checkpointing for the blocks of ``blocks`` (an
+    ``nn.ModuleList`` or ``nn.Sequential`` the model runs in order, such as a
+    transformer's layers) within ``memory_budget`` bytes of activations per
+    step: each block is replaced, in place, by a :class:`PlannedBlock`; the
+    first step of each input shape measures the blocks (all checkpointed)
+    and chooses which keep their activations so that the step recomputes as
+    little as the budget allows. ``checkpoint_kwargs`` go to every
+    :func:`prefire.checkpoint` call. Returns the planner: ``plan``,
+    ``costs`` and ``describe()`` say what it chose.
+
+    Raises ValueError for a negative budget, an empty list or blocks that
+    are already checkpoint wrappers; the measuring step raises ValueError
+    for a budget below the least any plan holds, naming it."""
+    if not isinstance(blocks, (torch.nn.ModuleList, torch.nn.Sequential)):
+        raise ValueError(f"prefire.plan_checkpoints: blocks must be an nn.ModuleList or nn.Sequential, got "
+                         f"{type(blocks).__name__}")
+    if len(blocks) == 0:
+        raise ValueError("prefire.plan_checkpoints: no blocks to plan")
+    for i, block in enumerate(blocks):
+        if isinstance(block, torch_wrapper.ActivationWrapper):
+            raise ValueError(f"prefire.plan_checkpoints: block {i} is already wrapped ({type(block).__name__}); "
+                             f"the planner decides which blocks to checkpoint: pass the bare blocks")
+    planner = MemoryPlanner(len(blocks), memory_budget, checkpoint_kwargs)
+    for i in range(len(blocks)):
+        blocks[i] = PlannedBlock(blocks[i], planner, i)
+    return planner

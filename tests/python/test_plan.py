@@ -1,0 +1,187 @@
+"""prefire.plan_checkpoints: a memory budget in, which blocks keep their
+activations out (Note [Planning a plain model's blocks] in prefire/_plan.py).
+The bytes a step holds are measured by the runtime's census (a
+SavedTensorMeter around forward and backward, plus recomputed bytes), never
+taken from the plan's own arithmetic. CPU, one intra-op thread
+(conftest.py).
+
+Not covered here: the C++ planner's choices (tests/plan_test.cpp: the
+budget against an exhaustive search on random costs), pipelines."""
+
+import copy
+import random
+import warnings
+
+import pytest
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper as TorchCheckpointWrapper
+
+import prefire
+
+
+def blocks_of(widths, dim=24, dropout=0.1):
+    return torch.nn.ModuleList(
+        torch.nn.Sequential(torch.nn.LayerNorm(dim), torch.nn.Linear(dim, w), torch.nn.GELU(),
+                            torch.nn.Dropout(dropout), torch.nn.Linear(w, dim)) for w in widths)
+
+
+def step(blocks, x, seed):
+    """One training step's forward and backward; returns the gradients, the
+    most bytes the blocks' activations held (saved and recomputed) and the
+    recomputations it ran."""
+    torch.manual_seed(seed)
+    for p in blocks.parameters():
+        p.grad = None
+    x = x.detach().requires_grad_(True)
+    prefire.reset_runtime_peak()
+    held_before = prefire.runtime_stats().held_bytes
+    recomputations = prefire.runtime_stats().recomputations
+    with prefire.SavedTensorMeter():
+        h = x * 1.0  # not a leaf: block 0's saved input counts, as in a model whose embedding comes first
+        for block in blocks:
+            h = block(h)
+        h.backward(torch.ones_like(h))  # saves nothing: the bytes held are the blocks'
+    stats = prefire.runtime_stats()
+    grads = [x.grad] + [p.grad for p in blocks.parameters()]
+    return grads, stats.peak_held_bytes - held_before, stats.recomputations - recomputations
+
+
+def unchecked_bytes(blocks, x):
+    return step(blocks, x, 0)[1]
+
+
+def assert_bit_equal(got, expected):
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert torch.equal(g, e)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_budget_holds_and_gradients_stay_exact_on_random_block_sizes(seed):
+    rng = random.Random(seed)
+    widths = [rng.choice([8, 16, 48, 96, 160]) for _ in range(rng.randint(2, 7))]
+    reference = blocks_of(widths)
+    x = torch.randn(rng.choice([4, 8, 16]), 24)
+    expected, none_bytes, _ = step(reference, x, 1)
+    probe = copy.deepcopy(reference)
+    planner = prefire.plan_checkpoints(probe, memory_budget=none_bytes)
+    step(probe, x, 1)
+    least = prefire.least_plan_bytes(planner.costs)
+    assert 0 < least < none_bytes
+    for budget in sorted({least, (least + none_bytes) // 2, least + (none_bytes - least) // 5, none_bytes}):
+        blocks = copy.deepcopy(reference)
+        planner = prefire.plan_checkpoints(blocks, memory_budget=budget)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            grads, measuring_bytes, _ = step(blocks, x, 1)
+        assert_bit_equal(grads, expected)
+        everything = prefire.plan_bytes(planner.costs, [True] * len(widths))
+        assert measuring_bytes <= everything
+        assert any("measuring step" in str(w.message) for w in caught) == (everything > budget)
+        plan = planner.plan
+        assert plan.peak_bytes <= budget
+        for _ in range(2):
+            grads, held, recomputations = step(blocks, x, 1)
+            assert_bit_equal(grads, expected)
+            assert held <= plan.peak_bytes <= budget, (budget, planner.describe())
+            assert recomputations == sum(plan.checkpointed)
+        assert planner.measuring_steps == 1
+    assert not any(plan.checkpointed), "at the memory of keeping everything, nothing is recomputed"
+
+
+def test_a_shape_change_measures_and_plans_again_and_each_shape_keeps_its_plan():
+    reference = blocks_of([16, 160, 16, 160])
+    small, large = torch.randn(4, 24), torch.randn(8, 24)
+    blocks = copy.deepcopy(reference)
+    budget = unchecked_bytes(reference, small) * 13 // 10
+    planner = prefire.plan_checkpoints(blocks, memory_budget=budget)
+    step(blocks, small, 1)
+    assert not any(planner.plan.checkpointed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the measuring step of the large shape holds more than the budget
+        grads, _, _ = step(blocks, large, 1)
+    assert planner.measuring_steps == 2
+    assert any(planner.plan.checkpointed), "the same budget is tighter for twice the batch"
+    large_plan = list(planner.plan.checkpointed)
+    grads_again, held, _ = step(blocks, large, 1)
+    assert_bit_equal(grads_again, grads)
+    assert held <= budget
+    step(blocks, small, 1)
+    assert planner.measuring_steps == 2, "the small shape's plan is kept"
+    assert not any(planner.plan.checkpointed)
+    step(blocks, large, 1)
+    assert list(planner.plan.checkpointed) == large_plan
+
+
+def test_a_budget_below_the_least_plan_says_the_minimum_and_that_minimum_works():
+    reference = blocks_of([16, 64, 96])
+    x = torch.randn(8, 24)
+    blocks = copy.deepcopy(reference)
+    prefire.plan_checkpoints(blocks, memory_budget=100)
+    with pytest.raises(ValueError, match=r"memory_budget=100 bytes is below the least any plan of these blocks "
+                                         r"holds, (\d+) bytes") as error:
+        step(blocks, x, 1)
+    least = int(str(error.value).split("holds, ")[1].split(" bytes")[0])
+    blocks = copy.deepcopy(reference)
+    planner = prefire.plan_checkpoints(blocks, memory_budget=least)
+    step(blocks, x, 1)
+    _, held, _ = step(blocks, x, 1)
+    assert held <= least
+    assert planner.plan.peak_bytes <= least
+
+
+def test_weights_save_and_load_as_the_bare_blocks_and_eval_runs_unplanned():
+    reference = blocks_of([16, 32])
+    blocks = copy.deepcopy(reference)
+    planner = prefire.plan_checkpoints(blocks, memory_budget=10**9)
+    assert all(isinstance(b, prefire.PlannedBlock) and isinstance(b, TorchCheckpointWrapper) for b in blocks)
+    assert list(blocks.state_dict()) == list(reference.state_dict())
+    fresh = blocks_of([16, 32])
+    fresh.load_state_dict(blocks.state_dict())
+    for a, b in zip(fresh.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+    other = blocks_of([16, 32])
+    blocks.load_state_dict(other.state_dict())
+    assert torch.equal(blocks[1]._checkpoint_wrapped_module[4].weight, other[1][4].weight)
+    with torch.no_grad():
+        h = torch.randn(2, 24)
+        for b in blocks:
+            h = b(h)
+    assert planner.measuring_steps == 0 and planner.plan is None
+
+
+def test_misuse_is_a_clear_error():
+    with pytest.raises(ValueError, match="memory_budget must be a number of bytes"):
+        prefire.plan_checkpoints(blocks_of([8]), memory_budget=-1)
+    with pytest.raises(ValueError, match="nn.ModuleList or nn.Sequential"):
+        prefire.plan_checkpoints([torch.nn.Linear(2, 2)], memory_budget=10)
+    with pytest.raises(ValueError, match="already wrapped"):
+        prefire.plan_checkpoints(torch.nn.ModuleList([prefire.checkpoint_wrapper(torch.nn.Linear(2, 2))]), 10)
+    with pytest.raises(ValueError, match="no blocks"):
+        prefire.plan_checkpoints(torch.nn.ModuleList(), 10)
+    blocks = blocks_of([8, 8])
+    prefire.plan_checkpoints(blocks, memory_budget=10**9)
+    x = torch.randn(2, 24, requires_grad=True)
+    with pytest.raises(RuntimeError, match="inside prefire.collect"):
+        with prefire.collect():
+            blocks[0](x)
+    out_of_order = blocks_of([8, 8, 8])
+    prefire.plan_checkpoints(out_of_order, memory_budget=10**9)
+    with pytest.raises(RuntimeError, match="block 1 ran before block 0"):
+        out_of_order[1](x)
+    with pytest.raises(RuntimeError, match=r"blocks \[1\] did not run"):
+        out_of_order[2](out_of_order[0](x))
+
+
+def test_the_planner_core_from_python():
+    blocks = [prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0),
+              prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=3.0)]
+    assert prefire.least_plan_bytes(blocks) == 120
+    plan = prefire.plan_for_budget(blocks, 200)
+    assert list(plan.checkpointed) == [False, False] and plan.peak_bytes == 200 and plan.recompute_seconds == 0
+    # keeping one holds 100 + its neighbour's input 10 + that neighbour's recomputation 100 > 199
+    plan = prefire.plan_for_budget(blocks, 199)
+    assert list(plan.checkpointed) == [True, True] and plan.recompute_seconds == 4.0
+    assert plan.prefire_ahead == 0 and plan.peak_bytes == 120 == prefire.plan_bytes(blocks, [True, True])
+    with pytest.raises(ValueError, match="below the least any plan holds: 120 bytes"):
+        prefire.plan_for_budget(blocks, 119)
