@@ -1,44 +1,67 @@
 #include "prefire/plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
 // Note [What a plan holds]
-// A step holds, at its most (when backward begins), for every block and every
-// micro-batch in flight there: the block's saved tensors if it is kept, its
-// inputs if it is checkpointed. Backward then recomputes one checkpointed
-// block at a time and lets go of it after its backward; prefiring `ahead`
-// blocks holds that many recomputations more. So a plan holds at most
-//     sum over blocks of in_flight * (checkpointed ? input : saved)
-//   + (1 + ahead) * the largest saved bytes among checkpointed blocks.
-// It over-counts a storage that two blocks share (a kept block's input is
-// its predecessor's output): a plan never holds more than it says.
+// Forward leaves, for every block and every micro-batch in flight there: the
+// block's saved tensors if it is kept, its inputs if it is checkpointed.
+// Backward recomputes one checkpointed block at a time, and prefiring
+// `ahead` blocks holds that many recomputations more. When a block lets go
+// decides the rest (Release):
+//  * kAtStepEnd (a pipeline: B keeps what W needs, W runs later): all of it
+//    may still be held when the largest recomputation runs, so a plan holds
+//      sum over blocks of in_flight * (checkpointed ? input : saved)
+//    + (1 + ahead) * the largest saved bytes among checkpointed blocks;
+//  * kInBackward (one backward pass of one micro-batch, last block first):
+//    block j's backward finds only blocks 0..j holding (the blocks above it
+//    let go after their backward), so a plan holds the most of
+//      what blocks 0..n-1 hold (the end of forward), and for every
+//      checkpointed j: what blocks 0..j hold + its recomputation + the
+//      `ahead` nearest checkpointed blocks' below it.
+// A recomputation is charged the block's saved bytes, its inputs included
+// (they are the checkpoint's own), and a storage two blocks share (a kept
+// block's input is its predecessor's output) is counted for both: a plan
+// never holds more than it says.
 //
 // Note [Choosing a plan]
 // Recomputation is what a plan costs, so the best plan within a budget keeps
-// the blocks whose recomputation takes longest per byte kept. With the
-// largest checkpointed block fixed at M, that is a 0/1 knapsack: blocks larger
-// than M are kept, the others each cost in_flight * (saved - input) bytes to
-// keep and save their recompute_seconds. Every M among the blocks' sizes is
-// tried, each knapsack solved by dynamic programming over the bytes left in
-// kCapacityUnits units, a block's bytes rounded up (the plan found always
-// fits; it may miss one that fits to the last byte). The plans a user would
-// write by hand -- none, all, every n-th block -- are tried too, so the plan
-// is never worse than one of those that fits. Then what the budget leaves
-// goes to prefiring ahead. Cost: (distinct sizes) x blocks x kCapacityUnits.
+// the blocks whose recomputation takes longest per byte kept.
+//  * kAtStepEnd: with the largest checkpointed block fixed at M, that is a
+//    0/1 knapsack: blocks larger than M are kept, the others each cost
+//    in_flight * (saved - input) bytes to keep and save their
+//    recompute_seconds. Every M among the blocks' sizes is tried.
+//  * kInBackward: the constraints are per position, so a dynamic program
+//    over the blocks in forward order, its state what blocks 0..j hold;
+//    checkpointing j needs its recomputation to fit on top of that state.
+// Both count bytes in kCapacityUnits units of what is left, a block's bytes
+// rounded up (the plan found always fits; it may miss one that fits to the
+// last byte). The plans a user would write by hand -- none, all, every n-th
+// block -- and the plans least_plan_bytes() takes its minimum over (every
+// block above a size kept, the others checkpointed) are tried too, so the
+// plan is never worse than one of those that fits, and a budget of
+// least_plan_bytes() has one. Then what the budget leaves goes to prefiring
+// ahead. Cost: (distinct sizes) x blocks x kCapacityUnits, or blocks x
+// kCapacityUnits.
 
 namespace prefire {
 namespace {
 
 constexpr int64_t kCapacityUnits = 4096;
 
-void check(const std::vector<BlockCost>& blocks) {
+void check(const std::vector<BlockCost>& blocks, Release release) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
     if (b.saved_bytes < 0 || b.input_bytes < 0 || !(b.recompute_seconds >= 0) || b.in_flight < 1) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) +
                                   " has a negative size or time, or in_flight below 1");
+    }
+    if (release == Release::kInBackward && b.in_flight != 1) {
+      throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + " has in_flight=" +
+                                  std::to_string(b.in_flight) + "; Release::kInBackward is one backward pass of "
+                                  "one micro-batch (in_flight 1), a pipeline's blocks need Release::kAtStepEnd");
     }
   }
 }
@@ -101,6 +124,61 @@ std::vector<bool> knapsack(const std::vector<BlockCost>& blocks, int64_t largest
   return checkpointed;
 }
 
+// Every block larger than `largest` kept, the others checkpointed unless
+// they save no more than their inputs.
+std::vector<bool> below(const std::vector<BlockCost>& blocks, int64_t largest) {
+  std::vector<bool> checkpointed(blocks.size(), false);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    checkpointed[i] = blocks[i].saved_bytes <= largest && blocks[i].input_bytes < blocks[i].saved_bytes;
+  }
+  return checkpointed;
+}
+
+// The plan that recomputes least with Release::kInBackward: dynamic
+// programming over the blocks in forward order, the state what blocks 0..j
+// hold, in kCapacityUnits units of the budget, bytes rounded up (Note
+// [Choosing a plan]).
+std::vector<bool> by_position(const std::vector<BlockCost>& blocks, int64_t budget) {
+  const int64_t unit = std::max<int64_t>(1, (budget + kCapacityUnits - 1) / kCapacityUnits);
+  const auto units = static_cast<size_t>(budget / unit);
+  auto rounded = [&](int64_t bytes) { return static_cast<size_t>(bytes / unit + (bytes % unit != 0)); };
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  std::vector<double> best(units + 1, kNone);  // best[p]: the least seconds with blocks 0..j holding p units
+  best[0] = 0;
+  // from[j][q]: the state before block j on the way to q, with the choice in its sign (checkpointed: negative)
+  std::vector<std::vector<int64_t>> from(blocks.size(), std::vector<int64_t>(units + 1, 0));
+  for (size_t j = 0; j < blocks.size(); ++j) {
+    const size_t saved = rounded(blocks[j].saved_bytes);
+    const size_t input = rounded(blocks[j].input_bytes);
+    std::vector<double> next(units + 1, kNone);
+    for (size_t p = 0; p <= units; ++p) {
+      if (best[p] == kNone) continue;
+      if (saved <= units - p && best[p] < next[p + saved]) {  // kept
+        next[p + saved] = best[p];
+        from[j][p + saved] = static_cast<int64_t>(p) + 1;
+      }
+      const double seconds = best[p] + blocks[j].recompute_seconds;  // checkpointed: its recomputation fits
+      if (input <= units - p && saved <= units - p - input && seconds < next[p + input]) {
+        next[p + input] = seconds;
+        from[j][p + input] = -(static_cast<int64_t>(p) + 1);
+      }
+    }
+    best = std::move(next);
+  }
+  std::vector<bool> checkpointed(blocks.size(), true);  // nothing fits: a plan the caller finds over budget
+  size_t q = 0;
+  for (size_t p = 1; p <= units; ++p) {
+    if (best[p] < best[q]) q = p;
+  }
+  if (best[q] == kNone) return checkpointed;
+  for (size_t j = blocks.size(); j-- > 0;) {
+    const int64_t f = from[j][q];
+    checkpointed[j] = f < 0;
+    q = static_cast<size_t>((f < 0 ? -f : f) - 1);
+  }
+  return checkpointed;
+}
+
 std::vector<int64_t> distinct_sizes(const std::vector<BlockCost>& blocks) {
   std::vector<int64_t> sizes;
   for (const BlockCost& b : blocks) sizes.push_back(b.saved_bytes);
@@ -124,13 +202,33 @@ int64_t bytes_below(const std::vector<BlockCost>& blocks, int64_t largest) {
 }  // namespace
 
 int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed,
-                   int64_t prefire_ahead) {
-  check(blocks);
+                   int64_t prefire_ahead, Release release) {
+  check(blocks, release);
   if (checkpointed.size() != blocks.size()) {
     throw std::invalid_argument("prefire::plan_bytes: " + std::to_string(checkpointed.size()) +
                                 " choices for " + std::to_string(blocks.size()) + " blocks");
   }
   if (prefire_ahead < 0) throw std::invalid_argument("prefire::plan_bytes: prefire_ahead must be >= 0");
+  if (release == Release::kInBackward) {
+    // held when block j's backward runs: what blocks 0..j hold, j's recomputation and the next
+    // prefire_ahead checkpointed blocks' below it
+    int64_t prefix = 0;
+    int64_t peak = 0;
+    std::vector<int64_t> recomputations_below;  // saved bytes of the checkpointed blocks before j, nearest last
+    for (size_t j = 0; j < blocks.size(); ++j) {
+      const BlockCost& b = blocks[j];
+      prefix = add_product(prefix, 1, checkpointed[j] ? b.input_bytes : b.saved_bytes);
+      peak = std::max(peak, prefix);
+      if (!checkpointed[j]) continue;
+      int64_t held = add_product(prefix, 1, b.saved_bytes);
+      for (int64_t k = 0; k < prefire_ahead && k < static_cast<int64_t>(recomputations_below.size()); ++k) {
+        held = add_product(held, 1, recomputations_below[recomputations_below.size() - 1 - static_cast<size_t>(k)]);
+      }
+      peak = std::max(peak, held);
+      recomputations_below.push_back(b.saved_bytes);
+    }
+    return peak;
+  }
   int64_t held = 0;
   int64_t largest = -1;  // none checkpointed
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -141,18 +239,17 @@ int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>
   return largest < 0 ? held : add_product(held, 1 + prefire_ahead, largest);
 }
 
-int64_t least_plan_bytes(const std::vector<BlockCost>& blocks) {
-  check(blocks);
-  int64_t least = 0;  // nothing checkpointed
-  for (const BlockCost& b : blocks) least = add_product(least, b.in_flight, b.saved_bytes);
+int64_t least_plan_bytes(const std::vector<BlockCost>& blocks, Release release) {
+  check(blocks, release);
+  int64_t least = plan_bytes(blocks, std::vector<bool>(blocks.size(), false), 0, release);
   for (int64_t largest : distinct_sizes(blocks)) {
-    least = std::min(least, bytes_below(blocks, largest));
+    least = std::min(least, plan_bytes(blocks, below(blocks, largest), 0, release));
   }
   return least;
 }
 
-Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes) {
-  const int64_t least = least_plan_bytes(blocks);
+Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes, Release release) {
+  const int64_t least = least_plan_bytes(blocks, release);
   if (budget_bytes < least) {
     throw std::invalid_argument("prefire::plan_for_budget: budget_bytes=" + std::to_string(budget_bytes) +
                                 " is below the least any plan holds: " + std::to_string(least) +
@@ -162,7 +259,7 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes)
   Plan best;
   bool found = false;
   auto consider = [&](const std::vector<bool>& checkpointed) {
-    const int64_t bytes = plan_bytes(blocks, checkpointed, 0);
+    const int64_t bytes = plan_bytes(blocks, checkpointed, 0, release);
     if (bytes > budget_bytes) return;
     const double seconds = recompute_seconds(blocks, checkpointed);
     if (found && (seconds > best.recompute_seconds || (seconds == best.recompute_seconds && bytes >= best.peak_bytes))) {
@@ -179,23 +276,20 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes)
     consider(checkpointed);
   }
   for (int64_t largest : distinct_sizes(blocks)) {
-    const int64_t base = bytes_below(blocks, largest);
-    if (base <= budget_bytes) consider(knapsack(blocks, largest, budget_bytes - base));
-  }
-  // what is left goes to prefiring ahead, one recomputation of the largest at a time
-  int64_t checkpoints = 0;
-  int64_t largest = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (best.checkpointed[i]) {
-      ++checkpoints;
-      largest = std::max(largest, blocks[i].saved_bytes);
+    consider(below(blocks, largest));  // least_plan_bytes()'s plans: one of them fits
+    if (release == Release::kAtStepEnd) {
+      const int64_t base = bytes_below(blocks, largest);
+      if (base <= budget_bytes) consider(knapsack(blocks, largest, budget_bytes - base));
     }
   }
-  if (checkpoints > 1 && largest > 0) {
-    best.prefire_ahead = std::min(checkpoints - 1, (budget_bytes - best.peak_bytes) / largest);
-    best.peak_bytes = plan_bytes(blocks, best.checkpointed, best.prefire_ahead);
-  } else if (checkpoints > 1) {
-    best.prefire_ahead = checkpoints - 1;  // recomputations that hold nothing
+  if (release == Release::kInBackward) consider(by_position(blocks, budget_bytes));
+  // what is left goes to prefiring ahead
+  const int64_t checkpoints = std::count(best.checkpointed.begin(), best.checkpointed.end(), true);
+  while (best.prefire_ahead + 1 < checkpoints) {
+    const int64_t bytes = plan_bytes(blocks, best.checkpointed, best.prefire_ahead + 1, release);
+    if (bytes > budget_bytes) break;
+    ++best.prefire_ahead;
+    best.peak_bytes = bytes;
   }
   return best;
 }

@@ -1,6 +1,8 @@
 // plan_for_budget: within the budget always, never worse than the plans a
 // user writes by hand, within a hair of the best plan an exhaustive search
-// finds, and a clear error below the least any plan holds.
+// finds, and a clear error below the least any plan holds; for a pipeline
+// (Release::kAtStepEnd) and for a plain model's one backward pass
+// (Release::kInBackward).
 
 #include <prefire/plan.h>
 
@@ -22,12 +24,13 @@ double seconds_of(const std::vector<BlockCost>& blocks, const std::vector<bool>&
 }
 
 // The least recomputation of any keep/checkpoint choice within the budget.
-double exhaustive_best(const std::vector<BlockCost>& blocks, int64_t budget) {
+double exhaustive_best(const std::vector<BlockCost>& blocks, int64_t budget,
+                       prefire::Release release = prefire::Release::kAtStepEnd) {
   double best = -1;
   for (uint32_t mask = 0; mask < (1u << blocks.size()); ++mask) {
     std::vector<bool> checkpointed(blocks.size());
     for (size_t i = 0; i < blocks.size(); ++i) checkpointed[i] = (mask >> i) & 1u;
-    if (prefire::plan_bytes(blocks, checkpointed) > budget) continue;
+    if (prefire::plan_bytes(blocks, checkpointed, 0, release) > budget) continue;
     const double seconds = seconds_of(blocks, checkpointed);
     if (best < 0 || seconds < best) best = seconds;
   }
@@ -135,6 +138,70 @@ TEST(Plan, RandomBlocksStayWithinTheBudgetAndNearTheExhaustiveBest) {
       ASSERT_GE(best, 0);
       // rounding the knapsack's bytes to 1/4096 of what is left may cost a hair
       ASSERT_LE(plan.recompute_seconds, best * 1.05 + 1e-4) << trial << " at " << at;
+    }
+  }
+}
+
+constexpr auto kInBackward = prefire::Release::kInBackward;
+
+TEST(Plan, InOneBackwardPassABlockFindsOnlyTheBlocksBelowItHeld) {
+  const std::vector<BlockCost> blocks{{100, 10, 1.0, 1}, {200, 20, 2.0, 1}, {50, 5, 0.5, 1}};
+  // block 1's backward: block 0's 100, its input 20 and its recomputation 200; block 2's: 125 + 50
+  EXPECT_EQ(prefire::plan_bytes(blocks, {false, true, true}, 0, kInBackward), 100 + 20 + 200);
+  // prefiring one ahead: block 2's backward also holds block 1's recomputation
+  EXPECT_EQ(prefire::plan_bytes(blocks, {false, true, true}, 1, kInBackward), 100 + 20 + 5 + 50 + 200);
+  // the end of forward holds the most when the checkpointed block is the first
+  EXPECT_EQ(prefire::plan_bytes(blocks, {true, false, false}, 0, kInBackward), 10 + 200 + 50);
+  EXPECT_EQ(prefire::plan_bytes(blocks, {false, false, false}, 0, kInBackward), 350);
+  EXPECT_THROW(prefire::plan_bytes({{1, 0, 0.0, 2}}, {true}, 0, kInBackward), std::invalid_argument);
+  EXPECT_THROW(prefire::plan_for_budget({{1, 0, 0.0, 2}}, 10, kInBackward), std::invalid_argument);
+}
+
+TEST(Plan, InOneBackwardPassEveryOtherBlockFitsWhereThePipelineModelSaysItCannot) {
+  const auto blocks = transformer(4);  // 12 MiB saved, 1 MiB input each
+  const std::vector<bool> every_other{true, false, true, false};
+  EXPECT_EQ(prefire::plan_bytes(blocks, every_other), (1 + 12 + 1 + 12 + 12) << 20);
+  EXPECT_EQ(prefire::plan_bytes(blocks, every_other, 0, kInBackward), (1 + 12 + 1 + 12) << 20);
+  const int64_t budget = 30 << 20;
+  EXPECT_EQ(prefire::plan_for_budget(blocks, budget, kInBackward).recompute_seconds, 2e-3);
+  EXPECT_GT(prefire::plan_for_budget(blocks, budget).recompute_seconds, 2e-3);
+}
+
+TEST(Plan, InOneBackwardPassRandomBlocksStayWithinTheBudgetAndMatchTheExhaustiveBest) {
+  std::mt19937_64 rng(2027);
+  std::uniform_int_distribution<int64_t> saved(1, 64 << 20);
+  std::uniform_real_distribution<double> fraction(0.02, 1.2);
+  std::uniform_real_distribution<double> ms(0.1, 10.0);
+  std::uniform_int_distribution<int> count(1, 12);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<BlockCost> blocks(static_cast<size_t>(count(rng)));
+    for (auto& b : blocks) {
+      b.saved_bytes = saved(rng);
+      b.input_bytes = static_cast<int64_t>(static_cast<double>(b.saved_bytes) * fraction(rng));
+      b.recompute_seconds = ms(rng) * 1e-3;
+    }
+    const int64_t least = prefire::least_plan_bytes(blocks, kInBackward);
+    const int64_t most = prefire::plan_bytes(blocks, std::vector<bool>(blocks.size(), false), 0, kInBackward);
+    for (double at : {0.0, 0.1, 0.3, 0.5, 0.8, 1.0}) {
+      const int64_t budget = least + static_cast<int64_t>(at * static_cast<double>(std::max<int64_t>(0, most - least)));
+      const prefire::Plan plan = prefire::plan_for_budget(blocks, budget, kInBackward);
+      ASSERT_LE(plan.peak_bytes, budget) << trial;
+      ASSERT_EQ(plan.peak_bytes, prefire::plan_bytes(blocks, plan.checkpointed, plan.prefire_ahead, kInBackward));
+      ASSERT_DOUBLE_EQ(plan.recompute_seconds, seconds_of(blocks, plan.checkpointed));
+      for (size_t every = 1; every <= blocks.size(); ++every) {
+        std::vector<bool> nth(blocks.size(), false);
+        for (size_t i = 0; i < blocks.size(); i += every) nth[i] = true;
+        if (prefire::plan_bytes(blocks, nth, 0, kInBackward) <= budget) {
+          ASSERT_LE(plan.recompute_seconds, seconds_of(blocks, nth) + 1e-12) << trial << " every " << every;
+        }
+      }
+      // the dynamic program is exact up to rounding each block's bytes up to a unit of budget/4096:
+      // no plan that fits with that much to spare recomputes less
+      const int64_t slack = 2 * static_cast<int64_t>(blocks.size()) * (budget / 4096 + 1);
+      const double best_with_slack = exhaustive_best(blocks, budget - slack, kInBackward);
+      if (best_with_slack >= 0) {
+        ASSERT_LE(plan.recompute_seconds, best_with_slack + 1e-12) << trial << " at " << at;
+      }
     }
   }
 }

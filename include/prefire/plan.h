@@ -21,6 +21,12 @@ struct BlockCost {
   int64_t in_flight = 1;          // micro-batches whose forward it holds at once (1 without a pipeline)
 };
 
+/// When a step lets go of what a block holds (Note [What a plan holds]).
+enum class Release {
+  kAtStepEnd,   ///< all of it stays until the step's last backward pass (a pipeline, whose W follows B)
+  kInBackward,  ///< one backward pass, last block first: a block lets go after its backward (a plain model)
+};
+
 struct Plan {
   std::vector<bool> checkpointed;  // per block, in the order given
   int64_t prefire_ahead = 0;       // checkpointed blocks recomputed ahead of the backward that needs them
@@ -30,17 +36,21 @@ struct Plan {
 
 /// Bytes the plan `checkpointed` holds at most with `prefire_ahead` blocks
 /// prefired (Note [What a plan holds]). Throws std::invalid_argument on
-/// sizes that differ or a negative cost.
+/// sizes that differ, a negative cost, or in_flight above 1 with
+/// Release::kInBackward (one backward pass holds one micro-batch).
 int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed,
-                   int64_t prefire_ahead = 0);
+                   int64_t prefire_ahead = 0, Release release = Release::kAtStepEnd);
 
-/// The least any plan holds (nothing prefired): the bound plan_for_budget() refuses below.
-int64_t least_plan_bytes(const std::vector<BlockCost>& blocks);
+/// The least any plan holds (nothing prefired): the bound plan_for_budget()
+/// refuses below. For Release::kInBackward, the least among the plans that
+/// keep every block above a size and checkpoint the others (Note [Choosing a plan]).
+int64_t least_plan_bytes(const std::vector<BlockCost>& blocks, Release release = Release::kAtStepEnd);
 
 /// The plan that recomputes least within `budget_bytes`, then prefires as far
 /// ahead as the bytes left allow. Throws std::invalid_argument for a budget
 /// below least_plan_bytes() (the message names that minimum), a negative cost
 /// or in_flight below 1. Any thread; deterministic.
-Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes);
+Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes,
+                     Release release = Release::kAtStepEnd);
 
 }  // namespace prefire

@@ -13,8 +13,9 @@ would hold (``kept_bytes``: the storages its forward saved, as a
 SavedTensorMeter counts them unchecked: parameters not counted), its inputs'
 storages say what the checkpoint holds instead, and its forward time stands for one recomputation (on CUDA
 synchronised: the measuring step only). After the last block's forward the
-C++ planner (``plan_for_budget``, Note [Choosing a plan] in src/plan.cpp)
-chooses which blocks keep their activations, the plan is logged, and every
+C++ planner (``plan_for_budget`` with ``Release.IN_BACKWARD``: one backward
+pass, a block's backward finds only the blocks below it held; Note [Choosing
+a plan] in src/plan.cpp) chooses which blocks keep their activations, the plan is logged, and every
 later step of that signature runs it; a new signature measures again, so a
 shape change re-plans and alternating shapes each keep their plan.
 
@@ -47,24 +48,29 @@ from ._checkpoint import checkpoint
 
 BlockCost = _C.BlockCost
 Plan = _C.Plan
+Release = _C.Release
 
 _log = logging.getLogger("prefire")
 
 
-def plan_for_budget(blocks: Sequence[BlockCost], budget_bytes: int) -> Plan:
+def plan_for_budget(blocks: Sequence[BlockCost], budget_bytes: int, release: Release = Release.IN_BACKWARD) -> Plan:
     """The plan that recomputes least within ``budget_bytes`` (the C++
-    planner). Raises ValueError below :func:`least_plan_bytes`, naming it."""
-    return _C.plan_for_budget(list(blocks), int(budget_bytes))
+    planner; ``release``: when a block lets go, Note [What a plan holds] in
+    src/plan.cpp: ``IN_BACKWARD`` for a plain model's one backward pass,
+    ``AT_STEP_END`` for a pipeline's). Raises ValueError below
+    :func:`least_plan_bytes`, naming it."""
+    return _C.plan_for_budget(list(blocks), int(budget_bytes), release)
 
 
-def least_plan_bytes(blocks: Sequence[BlockCost]) -> int:
+def least_plan_bytes(blocks: Sequence[BlockCost], release: Release = Release.IN_BACKWARD) -> int:
     """The least any plan of ``blocks`` holds."""
-    return _C.least_plan_bytes(list(blocks))
+    return _C.least_plan_bytes(list(blocks), release)
 
 
-def plan_bytes(blocks: Sequence[BlockCost], checkpointed: Sequence[bool], prefire_ahead: int = 0) -> int:
-    """What the plan ``checkpointed`` holds at most (Note [What a plan holds])."""
-    return _C.plan_bytes(list(blocks), list(checkpointed), prefire_ahead)
+def plan_bytes(blocks: Sequence[BlockCost], checkpointed: Sequence[bool], prefire_ahead: int = 0,
+               release: Release = Release.IN_BACKWARD) -> int:
+    """What the plan ``checkpointed`` holds at most."""
+    return _C.plan_bytes(list(blocks), list(checkpointed), prefire_ahead, release)
 
 
 def _tensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:

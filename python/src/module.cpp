@@ -334,9 +334,14 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("prefire_ahead", &Plan::prefire_ahead)
       .def_readonly("peak_bytes", &Plan::peak_bytes)
       .def_readonly("recompute_seconds", &Plan::recompute_seconds);
-  m.def("plan_for_budget", &prefire::plan_for_budget, py::arg("blocks"), py::arg("budget_bytes"));
-  m.def("least_plan_bytes", &prefire::least_plan_bytes, py::arg("blocks"));
-  m.def("plan_bytes", &prefire::plan_bytes, py::arg("blocks"), py::arg("checkpointed"), py::arg("prefire_ahead") = 0);
+  py::enum_<Release>(m, "Release")
+      .value("AT_STEP_END", Release::kAtStepEnd)
+      .value("IN_BACKWARD", Release::kInBackward);
+  m.def("plan_for_budget", &prefire::plan_for_budget, py::arg("blocks"), py::arg("budget_bytes"),
+        py::arg("release"));
+  m.def("least_plan_bytes", &prefire::least_plan_bytes, py::arg("blocks"), py::arg("release"));
+  m.def("plan_bytes", &prefire::plan_bytes, py::arg("blocks"), py::arg("checkpointed"), py::arg("prefire_ahead"),
+        py::arg("release"));
 
   // CUDA knobs (no-ops, or 0, without CUDA).
   m.def("cuda_available", &prefire::cuda_available);
