@@ -5,7 +5,8 @@ GPT-2 and Llama: training steps with dropout and a padding mask bit-equal,
 each layer run exactly twice, generation afterwards; torch's split backward
 (B, then W per weight group) recomputing each layer once with a session;
 save_pretrained / from_pretrained with prefire's checkpoint_wrapper on the
-layers; torch.compile; enabling again (what Trainer does) keeps prefire.
+layers; prefire.plan_checkpoints on the layers (bit-equal to unchecked
+within a budget that checkpoints some of them); torch.compile; enabling again (what Trainer does) keeps prefire.
 CPU, one intra-op thread (conftest.py).
 
 Not covered here: Trainer itself (it needs accelerate), CUDA."""
@@ -177,6 +178,31 @@ def test_save_and_load_with_prefires_checkpoint_wrapper_on_the_layers(tmp_path):
     # and a model saved without wrappers loads into a wrapped one
     missing, unexpected = model.load_state_dict(loaded.state_dict())
     assert not missing and not unexpected
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_planned_layers_train_bit_equal_to_unchecked_within_the_budget_and_save_as_bare_layers(kind, tmp_path):
+    unchecked = tiny(kind)
+    unchecked.config.use_cache = False  # as transformers sets it for checkpointing: no cache to update twice
+    n = len(layers_of(unchecked))
+    probe = copy.deepcopy(unchecked)
+    planner = prefire.plan_checkpoints(layers_of(probe), memory_budget=10**12)
+    train(probe, 1)
+    costs = planner.costs
+    least, most = prefire.least_plan_bytes(costs), prefire.plan_bytes(costs, [False] * n)
+    assert least < most
+    planned = copy.deepcopy(unchecked)
+    planner = prefire.plan_checkpoints(layers_of(planned), memory_budget=(least + most) // 2)
+    got, expected = train(planned, 4), train(unchecked, 4)
+    assert all(torch.equal(g, e) for g, e in zip(got[0], expected[0]))
+    assert all(torch.equal(g, e) for g, e in zip(got[1], expected[1]))
+    assert torch.equal(got[2], expected[2]), "the RNG state after the steps differs"
+    assert 0 < sum(planner.plan.checkpointed) < n, planner.describe()
+    assert planner.measuring_steps == 1
+    planned.save_pretrained(tmp_path)
+    loaded = type(unchecked).from_pretrained(tmp_path)
+    assert set(loaded.state_dict()) == set(unchecked.state_dict())
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in planned.state_dict().items())
 
 
 def test_compiled_model_with_prefire_equals_torchs_checkpoint():
