@@ -49,26 +49,27 @@ from ._checkpoint import checkpoint
 BlockCost = _C.BlockCost
 Plan = _C.Plan
 Release = _C.Release
+_ONE_PASS = Release.IN_BACKWARD  # a plain model's step: Note [Planning a plain model's blocks]
 
 _log = logging.getLogger("prefire")
 
 
-def plan_for_budget(blocks: Sequence[BlockCost], budget_bytes: int, release: Release = Release.IN_BACKWARD) -> Plan:
+def plan_for_budget(blocks: Sequence[BlockCost], budget_bytes: int, release: Release = Release.AT_STEP_END) -> Plan:
     """The plan that recomputes least within ``budget_bytes`` (the C++
     planner; ``release``: when a block lets go, Note [What a plan holds] in
     src/plan.cpp: ``IN_BACKWARD`` for a plain model's one backward pass,
-    ``AT_STEP_END`` for a pipeline's). Raises ValueError below
+    ``AT_STEP_END``, the default as in C++, for a pipeline's). Raises ValueError below
     :func:`least_plan_bytes`, naming it."""
     return _C.plan_for_budget(list(blocks), int(budget_bytes), release)
 
 
-def least_plan_bytes(blocks: Sequence[BlockCost], release: Release = Release.IN_BACKWARD) -> int:
+def least_plan_bytes(blocks: Sequence[BlockCost], release: Release = Release.AT_STEP_END) -> int:
     """The least any plan of ``blocks`` holds."""
     return _C.least_plan_bytes(list(blocks), release)
 
 
 def plan_bytes(blocks: Sequence[BlockCost], checkpointed: Sequence[bool], prefire_ahead: int = 0,
-               release: Release = Release.IN_BACKWARD) -> int:
+               release: Release = Release.AT_STEP_END) -> int:
     """What the plan ``checkpointed`` holds at most."""
     return _C.plan_bytes(list(blocks), list(checkpointed), prefire_ahead, release)
 
@@ -143,7 +144,7 @@ class MemoryPlanner:
         return (f"prefire: memory budget {self.memory_budget} bytes for inputs {self._signature}: "
                 f"checkpointing {len(chosen)} of {self.blocks} blocks {chosen}, keeping {kept} bytes of activations; "
                 f"holds at most {plan.peak_bytes} bytes, recomputes {plan.recompute_seconds * 1e3:.3f} ms per step "
-                f"(least any plan holds: {least_plan_bytes(costs)} bytes)")
+                f"(least any plan holds: {least_plan_bytes(costs, _ONE_PASS)} bytes)")
 
     def run(self, index: int, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
@@ -204,12 +205,12 @@ class MemoryPlanner:
                                f"last block; the planned blocks must each run once per step, in order")
         costs = [c for c in measuring.costs if c is not None]
         try:
-            plan = plan_for_budget(costs, self.memory_budget)
+            plan = plan_for_budget(costs, self.memory_budget, _ONE_PASS)
         except ValueError as error:
             raise ValueError(f"prefire.plan_checkpoints: memory_budget={self.memory_budget} bytes is below the "
-                             f"least any plan of these blocks holds, {least_plan_bytes(costs)} bytes, for inputs "
+                             f"least any plan of these blocks holds, {least_plan_bytes(costs, _ONE_PASS)} bytes, for inputs "
                              f"{self._signature} ({error})") from None
-        measured = plan_bytes(costs, [True] * len(costs))
+        measured = plan_bytes(costs, [True] * len(costs), 0, _ONE_PASS)
         if measured > self.memory_budget:
             warnings.warn(f"prefire.plan_checkpoints: the measuring step checkpointed every block and held up to "
                           f"{measured} bytes, above memory_budget={self.memory_budget}; later steps hold at most "

@@ -18,6 +18,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 import prefire
 
+ONE_PASS = prefire.Release.IN_BACKWARD  # what the planner of a plain model uses
+
 
 def blocks_of(widths, dim=24, dropout=0.1):
     return torch.nn.ModuleList(
@@ -66,7 +68,7 @@ def test_every_budget_holds_and_gradients_stay_exact_on_random_block_sizes(seed)
     probe = copy.deepcopy(reference)
     planner = prefire.plan_checkpoints(probe, memory_budget=none_bytes)
     step(probe, x, 1)
-    least = prefire.least_plan_bytes(planner.costs)
+    least = prefire.least_plan_bytes(planner.costs, ONE_PASS)
     assert 0 < least < none_bytes
     for budget in sorted({least, (least + none_bytes) // 2, least + (none_bytes - least) // 5, none_bytes}):
         blocks = copy.deepcopy(reference)
@@ -75,7 +77,7 @@ def test_every_budget_holds_and_gradients_stay_exact_on_random_block_sizes(seed)
             warnings.simplefilter("always")
             grads, measuring_bytes, _ = step(blocks, x, 1)
         assert_bit_equal(grads, expected)
-        everything = prefire.plan_bytes(planner.costs, [True] * len(widths))
+        everything = prefire.plan_bytes(planner.costs, [True] * len(widths), 0, ONE_PASS)
         assert measuring_bytes <= everything
         assert any("measuring step" in str(w.message) for w in caught) == (everything > budget)
         plan = planner.plan
@@ -178,18 +180,18 @@ def test_misuse_is_a_clear_error():
 def test_the_planner_core_from_python():
     blocks = [prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0),
               prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=3.0)]
-    pipeline = prefire.Release.AT_STEP_END
-    assert prefire.least_plan_bytes(blocks) == prefire.least_plan_bytes(blocks, pipeline) == 120
-    plan = prefire.plan_for_budget(blocks, 200)
+    pipeline = prefire.Release.AT_STEP_END  # the default, as in C++
+    assert prefire.least_plan_bytes(blocks, ONE_PASS) == prefire.least_plan_bytes(blocks) == 120
+    plan = prefire.plan_for_budget(blocks, 200, ONE_PASS)
     assert list(plan.checkpointed) == [False, False] and plan.peak_bytes == 200 and plan.recompute_seconds == 0
     # in one backward pass, block 1's backward has let go before block 0 recomputes: 10 + 100 at most
-    plan = prefire.plan_for_budget(blocks, 199)
+    plan = prefire.plan_for_budget(blocks, 199, ONE_PASS)
     assert list(plan.checkpointed) == [True, False] and plan.recompute_seconds == 1.0 and plan.peak_bytes == 110
     # a pipeline may hold block 1 while block 0 recomputes: 100 + 10 + 100 > 199
-    plan = prefire.plan_for_budget(blocks, 199, pipeline)
+    plan = prefire.plan_for_budget(blocks, 199)
     assert list(plan.checkpointed) == [True, True] and plan.recompute_seconds == 4.0
     assert plan.prefire_ahead == 0 and plan.peak_bytes == 120 == prefire.plan_bytes(blocks, [True, True], 0, pipeline)
     with pytest.raises(ValueError, match="below the least any plan holds: 120 bytes"):
-        prefire.plan_for_budget(blocks, 119)
+        prefire.plan_for_budget(blocks, 119, ONE_PASS)
     with pytest.raises(ValueError, match="in_flight=2"):
-        prefire.plan_for_budget([prefire.BlockCost(100, 10, 1.0, in_flight=2)], 1000)
+        prefire.plan_for_budget([prefire.BlockCost(100, 10, 1.0, in_flight=2)], 1000, ONE_PASS)

@@ -189,7 +189,8 @@ def test_planned_layers_train_bit_equal_to_unchecked_within_the_budget_and_save_
     planner = prefire.plan_checkpoints(layers_of(probe), memory_budget=10**12)
     train(probe, 1)
     costs = planner.costs
-    least, most = prefire.least_plan_bytes(costs), prefire.plan_bytes(costs, [False] * n)
+    one_pass = prefire.Release.IN_BACKWARD
+    least, most = prefire.least_plan_bytes(costs, one_pass), prefire.plan_bytes(costs, [False] * n, 0, one_pass)
     assert least < most
     planned = copy.deepcopy(unchecked)
     planner = prefire.plan_checkpoints(layers_of(planned), memory_budget=(least + most) // 2)
