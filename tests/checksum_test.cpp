@@ -7,7 +7,7 @@
 
 #include "test_support.h"
 
-#include "checksum.h"
+#include "checkpoint/checksum.h"
 
 #include <cstring>
 

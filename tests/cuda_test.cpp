@@ -14,7 +14,7 @@
 #include "test_support.h"
 
 #if PREFIRE_WITH_CUDA
-#include "checksum.h"
+#include "checkpoint/checksum.h"
 
 #include <prefire/cuda_stream.h>
 

@@ -4,7 +4,7 @@ namespace prefire {
 
 /// Installs prefire's autograd engine as the process's default engine, the
 /// place where LibTorch asks for saved-tensor hooks (see Note [How C++ gets
-/// saved-tensor hooks] in src/engine.cpp).
+/// saved-tensor hooks] in src/hooks/autograd_engine.cpp).
 ///
 /// Call it once at start-up, before the first backward of the process: worker
 /// threads of an engine that already ran keep serving that engine. Idempotent

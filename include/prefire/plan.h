@@ -6,7 +6,7 @@
 // the budget and it recomputes as little as the budget allows. Pure
 // arithmetic on measured costs (no torch): the same plans for LibTorch
 // programs and the Python package. See Note [What a plan holds] in
-// src/plan.cpp.
+// src/memory/plan.cpp.
 
 #include <cstdint>
 #include <vector>

@@ -99,8 +99,9 @@ bool attach(const CheckpointHandle& handle, SessionId id);
 /// storages its forward saved, each once, as a SavedTensorMeter counts them
 /// for the block run unchecked (the inputs it saved included, leaves that
 /// require grad such as parameters not). A recomputation of it holds these
-/// less its inputs (Note [Counting recomputed bytes]). Checkpoints nested in
-/// it keep dropping theirs, so those are not included. 0 when expired;
+/// less its inputs (Note [Counting saved bytes] in
+/// src/memory/storage_census.cpp). Checkpoints nested in it keep dropping
+/// theirs, so those are not included. 0 when expired;
 /// std::invalid_argument for a default-made handle. Any thread.
 int64_t kept_bytes(const CheckpointHandle& handle);
 

@@ -60,9 +60,9 @@ class SessionScope {
 /// Drops every recomputed tensor session `id` holds and unregisters its
 /// checkpoints; the id is then ready for the next iteration. Idempotent, safe
 /// after a partial or failed backward, a failed prefire or an unknown id.
-/// A session without a budget ends here: its counters start from zero at its
-/// next use (read session_stats() before clearing). With a budget, the
-/// session, its budget and its counters stay.
+/// The session ends here: its counters start from zero at its next use (read
+/// session_stats() before clearing). A budget set for `id` stays for the
+/// next session of `id` (set_session_budget).
 ///
 /// A backward of the session that still runs on another thread (its scope
 /// closed early) is not disturbed: it keeps the tensors it already took,
@@ -76,9 +76,11 @@ void clear_session(SessionId id);
 /// `bytes`, counting what it holds and what running prefires will hold, is
 /// refused and that checkpoint stays lazy (recomputed per backward graph task,
 /// not cached). The charge of a prefire is the bytes its checkpoints held at
-/// forward. Lazy recomputation into the session is not capped. A session with
-/// a budget lives until the budget is removed (std::nullopt). `bytes` must be
-/// >= 0.
+/// forward. Lazy recomputation into the session is not capped. The budget
+/// belongs to the id, not to one session: it outlives clear_session() and
+/// caps every later session of `id` until removed (std::nullopt); a caller
+/// that budgets many ids removes each budget when done with it. `bytes` must
+/// be >= 0.
 void set_session_budget(SessionId id, std::optional<int64_t> bytes);
 
 struct SessionStats {
@@ -93,7 +95,8 @@ struct SessionStats {
   std::optional<int64_t> budget_bytes;  // bytes: the cap, if any
 };
 
-/// The counters of session `id` (all zero when no session `id` exists).
+/// The counters of session `id` (all zero when no session `id` exists; the
+/// budget is reported either way).
 /// Counts are cumulative since the session was created: by its first use
 /// after it last ended (see clear_session). Any thread; never waits for a
 /// recomputation.

@@ -13,7 +13,7 @@
 // pass; registered to a session and run under its SessionScope (retain the
 // recomputation in B, release it in W) they recompute once. Between B and W
 // only what W needs stays alive: see Note [Memory that follows the passes]
-// in src/split_backward.cpp.
+// in src/split_backward/split_backward.cpp.
 
 #include <prefire/checkpoint.h>
 

@@ -97,7 +97,7 @@ def _has_dispatch(cls: type) -> bool:
 def _as_forward_type(t: torch.Tensor, cls: type) -> torch.Tensor:
     """The recomputation's input `t` with the type forward saw. A top-level
     checkpoint recomputes from forward's own tensors (Note [Recomputation
-    inputs are forward's tensors] in src/frame.cpp); a nested one from its
+    inputs are forward's tensors] in src/checkpoint/frame_inputs.cpp); a nested one from its
     parent's recomputation, whose saved tensors are plain aliases: a
     __torch_function__ subclass gets its type back (as torch.utils.checkpoint
     gives it: the type, not the instance's attributes)."""

@@ -15,7 +15,7 @@ storages say what the checkpoint holds instead, and its forward time stands for 
 synchronised: the measuring step only). After the last block's forward the
 C++ planner (``plan_for_budget`` with ``Release.IN_BACKWARD``: one backward
 pass, a block's backward finds only the blocks below it held; Note [Choosing
-a plan] in src/plan.cpp) chooses which blocks keep their activations, the plan is logged, and every
+a plan] in src/memory/plan.cpp) chooses which blocks keep their activations, the plan is logged, and every
 later step of that signature runs it; a new signature measures again, so a
 shape change re-plans and alternating shapes each keep their plan.
 
@@ -57,7 +57,7 @@ _log = logging.getLogger("prefire")
 def plan_for_budget(blocks: Sequence[BlockCost], budget_bytes: int, release: Release = Release.AT_STEP_END) -> Plan:
     """The plan that recomputes least within ``budget_bytes`` (the C++
     planner; ``release``: when a block lets go, Note [What a plan holds] in
-    src/plan.cpp: ``IN_BACKWARD`` for a plain model's one backward pass,
+    src/memory/plan.cpp: ``IN_BACKWARD`` for a plain model's one backward pass,
     ``AT_STEP_END``, the default as in C++, for a pipeline's). Raises ValueError below
     :func:`least_plan_bytes`, naming it."""
     return _C.plan_for_budget(list(blocks), int(budget_bytes), release)

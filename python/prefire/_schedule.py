@@ -82,7 +82,9 @@ def clear_session(session: int) -> None:
 
 def set_session_budget(session: int, bytes: Optional[int]) -> None:
     """Caps the bytes ``session`` may hold (``None``: no cap); a prefire that
-    would exceed it is refused and the checkpoint stays lazy."""
+    would exceed it is refused and the checkpoint stays lazy. The cap belongs
+    to the id: it outlives ``clear_session`` and caps the id's later sessions
+    until removed with ``None``."""
     _C.set_session_budget(session, bytes)
 
 

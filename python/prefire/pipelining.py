@@ -352,7 +352,7 @@ class _StageSessions:
         info = _C.session_stats(mb.session)
         stats.max_session_bytes = max(stats.max_session_bytes, info.peak_bytes)
         _C.clear_session(mb.session)
-        if info.budget_bytes is not None:  # a bubble prefire's cap goes with the session, which then leaves the registry
+        if info.budget_bytes is not None:  # a bubble prefire's cap belongs to the id: removed with the session
             _C.set_session_budget(mb.session, None)
         self.owner.budget.closed(self.stage.stage_index, info.peak_bytes)
 

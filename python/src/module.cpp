@@ -5,7 +5,7 @@
 // prefire must not replace it (install() refuses). That engine asks
 // torch's stack of default saved-tensor hooks (what
 // torch.autograd.graph.saved_tensors_hooks pushes) for the hooks of every
-// saved tensor. So the module installs a HookSource (hook_stack.h): whenever a
+// saved tensor. So the module installs a HookSource (src/hooks/hook_stack.h): whenever a
 // hook context scope opens on a thread (a checkpoint's forward, a
 // recomputation, a SavedTensorMeter), it pushes one pair of hooks onto torch's
 // stack, and pops it when the scope ends. The pair is two C++ functions
@@ -30,7 +30,7 @@
 
 #include <prefire/prefire.h>
 
-#include "../../src/hook_stack.h"
+#include "../../src/hooks/hook_stack.h"
 
 #include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/PyInterpreter.h>

@@ -1,13 +1,13 @@
 // Host side of the checksum kernel: launches it on the current stream of the
 // tensor's device and brings the sum back.
 
-#include "../checksum.h"
+#include "cuda/checksum_cuda.h"
 
 #include <c10/util/Exception.h>
 
 #if PREFIRE_WITH_CUDA
-#include "../../kernels/checksum.h"
-#include "../../kernels/checksum_hash.h"
+#include "kernels/checksum.h"
+#include "kernels/checksum_hash.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>

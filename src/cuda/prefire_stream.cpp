@@ -1,11 +1,11 @@
 // See Note [Stream ordering of prefire] in prefire_stream.h.
 
-#include "prefire_stream.h"
+#include "cuda/prefire_stream.h"
 
 #include <prefire/cuda.h>
 
-#include "../../profiling/nvtx.h"
-#include "session_pool.h"
+#include "cuda/session_pool.h"
+#include "profiling/nvtx.h"
 
 #include <atomic>
 

@@ -1,6 +1,6 @@
 // See Note [Session buffer pool] in session_pool.h.
 
-#include "session_pool.h"
+#include "cuda/session_pool.h"
 
 #include <prefire/cuda.h>
 

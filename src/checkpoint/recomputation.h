@@ -1,14 +1,14 @@
 #pragma once
 
 // The tensors one recomputation of a checkpoint saved, by slot, the bytes
-// they hold (see Note [Counting recomputed bytes]), and the single flight that
-// makes every user of one key share one recomputation (see Note
-// [Single-flight recomputation]).
+// they hold (see Note [Counting saved bytes] in memory/storage_census.cpp),
+// and the single flight that makes every user of one key share one
+// recomputation (see Note [Single-flight recomputation]).
+
+#include "memory/storage_census.h"
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/StorageImpl.h>
 #include <c10/util/FunctionRef.h>
-#include <c10/util/flat_hash_map.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -20,31 +20,6 @@
 #include <vector>
 
 namespace prefire::detail {
-
-/// Bytes held, with a peak. Thread-safe.
-class ByteGauge {
- public:
-  void add(int64_t bytes);
-  void sub(int64_t bytes) noexcept;
-  int64_t current() const;
-  int64_t peak() const;
-  void reset_peak();
-
- private:
-  mutable std::mutex mu_;
-  int64_t current_ = 0;  // bytes
-  int64_t peak_ = 0;     // bytes
-};
-
-/// The gauges behind RuntimeStats: every recomputation, any key; and that
-/// plus the bytes SavedTensorMeters count ("held": all saved-tensor memory
-/// the runtime sees).
-ByteGauge& global_recomputed_bytes();
-ByteGauge& global_held_bytes();
-/// Whether `t` aliases a tensor that lives anyway: a leaf that requires grad
-/// (a parameter, a stage input) or a view of one (the w.t() a linear saves).
-/// Such storages are not activation memory and are never counted.
-bool aliases_a_leaf(const at::Tensor& t);
 
 /// Counts one recomputation in RuntimeStats.
 void count_recomputation();
@@ -96,9 +71,9 @@ class Recomputation {
   std::optional<at::Tensor> take(size_t slot, bool retain);
   /// Hands out `slot` to a session pass that lets go when it ends (a scope
   /// with retain_on_unpack=false): a copy, kept until end_pass() or drop().
-  /// See Note [The last pass lets go when it ends] in session.h.
+  /// See Note [The last pass lets go when it ends] in session/session.h.
   std::optional<at::Tensor> take_for_pass(size_t slot);
-  /// Releases, for good, every slot take_for_pass() handed out.
+  /// Drops, for good, every slot take_for_pass() handed out.
   void end_pass() noexcept;
   /// Slots this computation was reset to hold.
   size_t num_slots() const { return tensors_.size(); }
@@ -107,8 +82,9 @@ class Recomputation {
 
  private:
   enum class State { kEmpty, kRunning, kDone };
-  void release(size_t slot) noexcept;
-  void release_all() noexcept;
+  // Caller holds mu_.
+  void drop_locked(size_t slot) noexcept;
+  void drop_all_locked() noexcept;
 
   std::mutex mu_;  // guards the single flight and the slots (the computing thread holds it only briefly)
   std::condition_variable finished_;
@@ -119,7 +95,7 @@ class Recomputation {
   std::vector<uint8_t> consumed_;    // by slot
   std::vector<uint8_t> taken_;       // by slot: handed out by take_for_pass() since the last end_pass()
   std::vector<uint8_t> counted_;     // by slot
-  ska::flat_hash_map<const c10::StorageImpl*, int> storages_;  // counted storages -> slots holding them
+  StorageCensus census_;             // the storages of counted slots
   const std::shared_ptr<ByteGauge> owner_;
   const std::shared_ptr<ByteGauge> pool_;
   bool in_pool_ = false;  // set by `compute` before anything is stored

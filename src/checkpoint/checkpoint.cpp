@@ -2,11 +2,12 @@
 #include <prefire/errors.h>
 #include <prefire/install.h>
 
-#include "../profiling/nvtx.h"
-#include "engine.h"
-#include "frame.h"
-#include "schedule_internal.h"
-#include "session.h"
+#include "checkpoint/frame.h"
+#include "checkpoint/handle_collector.h"
+#include "checkpoint/recompute.h"
+#include "hooks/autograd_engine.h"
+#include "hooks/thread_state.h"
+#include "profiling/nvtx.h"
 
 #include <c10/core/GradMode.h>
 
@@ -65,7 +66,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const Ch
   // graph (a nested checkpoint being recomputed), not to the user's forward;
   // so does one created inside a backward (another library's recomputation,
   // e.g. torch.utils.checkpoint's around this one, run by a session's pass).
-  if (detail::session_scope_open_on_this_thread() && !detail::recomputing_on_this_thread() &&
+  if (detail::this_thread().session_scope != nullptr && !detail::recomputing_on_this_thread() &&
       detail::current_graph_task_id() < 0) {
     throw CheckpointError(
         "prefire::checkpoint: a checkpoint was created while a SessionScope is open on this thread; a session "
@@ -78,7 +79,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, const Ch
   auto [outputs, nested] = frame->forward(inputs);
   // A frame that saved nothing is owned by nothing and goes away here. A
   // nested one is scheduled with its outermost checkpoint; see Note [Nested
-  // checkpoints in sessions] in schedule.cpp.
+  // checkpoints in sessions] in session/prefire.cpp.
   if (frame->num_slots() > 0 && !nested && !detail::recomputing_on_this_thread()) detail::collect(frame);
   return outputs;
 }

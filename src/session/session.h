@@ -7,27 +7,31 @@
 // CUDA device threads do not see the caller's thread-locals). So a SessionScope
 // writes "bound" into a field of every checkpoint registered to the session,
 // and the unpack hot path reads that field and then, under the checkpoint's
-// own lock, copies the checkpoint's registration (a SessionEntry: the
+// own lock, copies the checkpoint's registration (a Registration: the
 // session's counters and the recomputation kept for it): no thread-local
 // lookup, no global lock. Calls go one way: the session layer registers,
 // binds and unregisters frames; a frame only writes its session's counters
-// through the entry. An unpack that copied the entry keeps it alive, so a
-// session cleared while a pass still runs on another thread (possible once
-// the scope has closed) never pulls memory from under that unpack: the pass
-// finishes from what it holds and recomputes the rest per graph task, and the
-// memory goes when the pass lets go of it.
+// through the registration. An unpack that copied the registration keeps it
+// alive, so a session cleared while a pass still runs on another thread
+// (possible once the scope has closed) never pulls memory from under that
+// unpack: the pass finishes from what it holds and recomputes the rest per
+// graph task, and the memory goes when the pass lets go of it.
 //
 // Note [Session registry]
 // Sessions are created on first use. A session ends (leaves the registry) at
-// clear_session(), or when its budget is removed, if it is empty then: no
-// live registered checkpoint, no open scope, no budget, no prefire in flight.
-// Its counters live as long as it does, so a pass's statistics can be read
-// after the pass and before the clear. Sessions that are never cleared are
+// clear_session() if it is empty then: no live registered checkpoint, no
+// open scope, no prefire in flight (a prefire that settles later ends it
+// then). Its counters live as long as it does, so a pass's statistics can be
+// read after the pass and before the clear. A budget is not the session's
+// but its id's: the registry keeps budgets apart, per id, from
+// set_session_budget() until it removes them, and every session of that id
+// takes it when created. So a budgeted session ends at its clear like any
+// other, and what stays per id is one number the caller set and removes. Sessions that are never cleared are
 // found by a sweep whenever the registry has doubled since the last one and
 // end if they are empty (their checkpoints' graphs were freed), so the
 // registry stays within twice the live sessions (amortized O(1) per new
 // session). Every operation locks the session it found and retries if that
-// session ended meanwhile ("retired"), so nothing registers to a session
+// session ended meanwhile (`ended`), so nothing registers to a session
 // nobody can find.
 //
 // Note [The last pass lets go when it ends]
@@ -58,7 +62,7 @@
 
 #include <prefire/session.h>
 
-#include "session_entry.h"
+#include "checkpoint/registration.h"
 
 #include <memory>
 #include <mutex>
@@ -81,14 +85,14 @@ class Session {
   bool scope_open = false;
   std::optional<int64_t> budget;  // bytes
   int64_t charged = 0;            // bytes: forward bytes of prefires running now; see Note [Session budgets]
-  bool retired = false;           // left the registry; see Note [Session registry]
+  bool ended = false;             // left the registry; see Note [Session registry]
 
   /// Registers every frame of `frames` (a checkpoint and its nested ones),
-  /// binding them when a scope is open, and returns their entries. All or
+  /// binding them when a scope is open, and returns their registrations. All or
   /// nothing: on a CheckpointError (a frame registered to another session)
   /// nothing this call registered stays. `added` receives the frames that
   /// were not registered before. Caller holds `mu`.
-  std::vector<std::shared_ptr<SessionEntry>> register_locked(const std::vector<std::shared_ptr<Frame>>& frames,
+  std::vector<std::shared_ptr<Registration>> register_locked(const std::vector<std::shared_ptr<Frame>>& frames,
                                                              std::vector<std::shared_ptr<Frame>>& added);
   /// Unregisters `frames` (dropping what the session holds for them). Caller holds `mu`.
   void unregister_locked(const std::vector<std::shared_ptr<Frame>>& frames);
@@ -105,10 +109,8 @@ std::shared_ptr<Session> lock_session(SessionId id, std::unique_lock<std::mutex>
 /// The session `id` with its mutex held by `lock`, or nullptr when there is none.
 std::shared_ptr<Session> lock_existing_session(SessionId id, std::unique_lock<std::mutex>& lock);
 /// Removes `session` from the registry if it is empty. Caller holds no lock.
-void retire_if_empty(const std::shared_ptr<Session>& session) noexcept;
+void end_if_empty(const std::shared_ptr<Session>& session) noexcept;
 /// Sessions in the registry now.
 size_t session_registry_size();
-/// Whether a SessionScope is open on this thread.
-bool session_scope_open_on_this_thread();
 
 }  // namespace prefire::detail

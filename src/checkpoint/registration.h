@@ -1,14 +1,16 @@
 #pragma once
 
-// What a checkpoint registered to a session sees of that session: the
-// session's counters and retain flag, and its own recomputation kept for the
-// session. The session layer (session.cpp, schedule.cpp) creates entries and
-// hands them to frames; frames never call into the session layer. See Note
-// [Session binding] in session.h.
+// What a checkpoint keeps of a session it is registered to: the session's
+// counters and retain flag (SessionCore), and its own recomputation kept for
+// the session (Registration). The session layer (session/) creates
+// registrations and hands them to frames; the checkpoint layer only reads
+// the flag and writes the counters, and never calls into the session layer.
+// See Note [Session binding] in session/session.h.
 
 #include <prefire/session.h>
 
-#include "recomputation.h"
+#include "checkpoint/recomputation.h"
+#include "memory/storage_census.h"
 
 #include <atomic>
 #include <cstdint>
@@ -17,7 +19,7 @@
 namespace prefire::detail {
 
 /// The part of a session shared with its checkpoints' unpacks. Lives as long
-/// as the session or any entry of it.
+/// as the session or any registration to it.
 struct SessionCore {
   explicit SessionCore(SessionId session_id) : id(session_id) {}
 
@@ -32,8 +34,8 @@ struct SessionCore {
 };
 
 /// One checkpoint's registration to one session.
-struct SessionEntry {
-  explicit SessionEntry(std::shared_ptr<SessionCore> core)
+struct Registration {
+  explicit Registration(std::shared_ptr<SessionCore> core)
       : session(std::move(core)), recomputation(session->bytes, session->pool_bytes) {}
 
   const std::shared_ptr<SessionCore> session;

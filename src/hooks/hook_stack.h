@@ -2,7 +2,7 @@
 
 // The thread-local stack of hook contexts that receives every tensor autograd
 // saves while a checkpoint runs, independent of how the hooks reach prefire
-// (in C++ programs: the engine subclass in engine.cpp; in Python processes:
+// (in C++ programs: the engine subclass in autograd_engine.cpp; in Python processes:
 // torch's default saved-tensor hooks, pushed by a HookSource, see Note
 // [Hooks in a Python process] in python/src/module.cpp).
 //
@@ -30,8 +30,9 @@ class PackedTensor {
 };
 
 /// Thrown by a recomputation's pack to end it early (Note [Early stop] in
-/// frame.cpp). Not a std::exception, so that user code catching those lets
-/// it through; a hook source that crosses other frames carries it across.
+/// checkpoint/frame.cpp). Not a std::exception, so that user code catching
+/// those lets it through; a hook source that crosses other frames carries it
+/// across.
 struct StopRecompute {};
 
 /// An entry of the stack: decides what happens to a tensor autograd saves.

@@ -1,4 +1,4 @@
-#include "state_capture.h"
+#include "checkpoint/state_capture.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>

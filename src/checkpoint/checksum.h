@@ -19,8 +19,4 @@ uint64_t bytes_checksum(const void* data, size_t nbytes);
 /// stream, and the call waits for the result.
 uint64_t tensor_checksum(const at::Tensor& t);
 
-/// The CUDA half of tensor_checksum, for a contiguous CUDA tensor
-/// (src/cuda/checksum_cuda.cpp). Raises when prefire was built without CUDA.
-uint64_t cuda_tensor_checksum(const at::Tensor& contiguous);
-
 }  // namespace prefire::detail

@@ -1,10 +1,11 @@
-#include "session.h"
+#include "session/session.h"
 
 #include <prefire/errors.h>
 
-#include "../profiling/nvtx.h"
-#include "frame.h"
-#include "thread_stack.h"
+#include "checkpoint/frame.h"
+#include "hooks/thread_stack.h"
+#include "hooks/thread_state.h"
+#include "profiling/nvtx.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -20,6 +21,7 @@ struct Registry {
   static constexpr size_t kFirstSweep = 64;  // sessions
   std::mutex mu;
   std::unordered_map<SessionId, std::shared_ptr<Session>> sessions;
+  std::unordered_map<SessionId, int64_t> budgets;  // bytes, by id, until removed; see Note [Session registry]
   size_t sweep_at = kFirstSweep;  // sessions: sweep when the registry reaches this size
 
   static Registry& get() {
@@ -28,8 +30,8 @@ struct Registry {
   }
 
   // Caller holds mu and `session->mu`.
-  void retire_locked(Session& session) {
-    session.retired = true;
+  void end_locked(Session& session) {
+    session.ended = true;
     auto it = sessions.find(session.id());
     if (it != sessions.end() && it->second.get() == &session) sessions.erase(it);
   }
@@ -41,7 +43,7 @@ struct Registry {
     for (const auto& [id, session] : sessions) all.push_back(session);
     for (const auto& session : all) {
       std::lock_guard<std::mutex> lock(session->mu);
-      if (session->empty_locked()) retire_locked(*session);
+      if (session->empty_locked()) end_locked(*session);
     }
     sweep_at = std::max(kFirstSweep, 2 * sessions.size());
   }
@@ -52,8 +54,29 @@ struct Registry {
     if (it != sessions.end()) return it->second;
     if (sessions.size() >= sweep_at) sweep_locked();
     auto session = std::make_shared<Session>(id);
+    if (auto budget = budgets.find(id); budget != budgets.end()) session->budget = budget->second;
     sessions.emplace(id, session);
     return session;
+  }
+
+  // The budget of `id` (a session's, and the next session's of that id).
+  void set_budget(SessionId id, std::optional<int64_t> bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (bytes) {
+      budgets[id] = *bytes;
+    } else {
+      budgets.erase(id);
+    }
+    auto it = sessions.find(id);
+    if (it == sessions.end()) return;
+    std::lock_guard<std::mutex> session_lock(it->second->mu);
+    it->second->budget = bytes;
+  }
+
+  std::optional<int64_t> budget(SessionId id) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = budgets.find(id);
+    return it == budgets.end() ? std::nullopt : std::optional<int64_t>(it->second);
   }
 
   std::shared_ptr<Session> find(SessionId id) {
@@ -63,8 +86,6 @@ struct Registry {
   }
 };
 
-thread_local const SessionScope* tls_open_scope = nullptr;
-
 // Whether `weak` refers to `frame` (also once expired).
 bool refers_to(const std::weak_ptr<Frame>& weak, const std::shared_ptr<Frame>& frame) {
   return !weak.owner_before(frame) && !frame.owner_before(weak);
@@ -72,14 +93,14 @@ bool refers_to(const std::weak_ptr<Frame>& weak, const std::shared_ptr<Frame>& f
 
 }  // namespace
 
-std::vector<std::shared_ptr<SessionEntry>> Session::register_locked(const std::vector<std::shared_ptr<Frame>>& to_add,
+std::vector<std::shared_ptr<Registration>> Session::register_locked(const std::vector<std::shared_ptr<Frame>>& to_add,
                                                                     std::vector<std::shared_ptr<Frame>>& added) {
-  std::vector<std::shared_ptr<SessionEntry>> entries;
-  entries.reserve(to_add.size());
+  std::vector<std::shared_ptr<Registration>> registrations;
+  registrations.reserve(to_add.size());
   try {
     for (const auto& frame : to_add) {
-      auto [entry, is_new] = frame->register_to(core);
-      entries.push_back(std::move(entry));
+      auto [registration, is_new] = frame->register_to(core);
+      registrations.push_back(std::move(registration));
       if (!is_new) continue;
       added.push_back(frame);
       if (frames.size() >= 64 && frames.size() % 64 == 0) prune_locked();
@@ -91,12 +112,12 @@ std::vector<std::shared_ptr<SessionEntry>> Session::register_locked(const std::v
     added.clear();
     throw;
   }
-  return entries;
+  return registrations;
 }
 
 void Session::unregister_locked(const std::vector<std::shared_ptr<Frame>>& to_remove) {
   for (const auto& frame : to_remove) {
-    frame->unregister_from(*core);
+    frame->unregister(*core);
     std::erase_if(frames, [&](const std::weak_ptr<Frame>& f) { return refers_to(f, frame); });
   }
 }
@@ -107,7 +128,7 @@ void Session::prune_locked() {
 
 bool Session::empty_locked() {
   prune_locked();
-  return frames.empty() && !scope_open && !budget && charged == 0;
+  return frames.empty() && !scope_open && charged == 0;
 }
 
 void check_session_id(SessionId id, const char* what) {
@@ -121,7 +142,7 @@ std::shared_ptr<Session> lock_session(SessionId id, std::unique_lock<std::mutex>
   for (;;) {
     auto session = Registry::get().get_or_create(id);
     lock = std::unique_lock<std::mutex>(session->mu);
-    if (!session->retired) return session;
+    if (!session->ended) return session;
     lock.unlock();  // it left the registry meanwhile: the next lookup creates a new one
   }
 }
@@ -130,16 +151,16 @@ std::shared_ptr<Session> lock_existing_session(SessionId id, std::unique_lock<st
   auto session = Registry::get().find(id);
   if (!session) return nullptr;
   lock = std::unique_lock<std::mutex>(session->mu);
-  if (!session->retired) return session;
+  if (!session->ended) return session;
   lock.unlock();
-  return nullptr;  // retired after the lookup: no session with this id now
+  return nullptr;  // ended after the lookup: no session with this id now
 }
 
-void retire_if_empty(const std::shared_ptr<Session>& session) noexcept {
+void end_if_empty(const std::shared_ptr<Session>& session) noexcept {
   Registry& registry = Registry::get();
   std::lock_guard<std::mutex> registry_lock(registry.mu);
   std::lock_guard<std::mutex> lock(session->mu);
-  if (!session->retired && session->empty_locked()) registry.retire_locked(*session);
+  if (!session->ended && session->empty_locked()) registry.end_locked(*session);
 }
 
 size_t session_registry_size() {
@@ -148,16 +169,14 @@ size_t session_registry_size() {
   return registry.sessions.size();
 }
 
-bool session_scope_open_on_this_thread() { return tls_open_scope != nullptr; }
-
 }  // namespace detail
 
 SessionScope::SessionScope(SessionId id, SessionOptions options) {
   PREFIRE_NVTX_RANGE("prefire::SessionScope(open)", id);
   detail::check_session_id(id, "SessionScope");
-  if (detail::tls_open_scope != nullptr) {
+  if (const SessionScope* open = detail::this_thread().session_scope) {
     throw CheckpointError("prefire::SessionScope: nested session scopes: session " +
-                          std::to_string(detail::tls_open_scope->id()) + " is already open on this thread; close it "
+                          std::to_string(open->id()) + " is already open on this thread; close it "
                           "before opening session " + std::to_string(id));
   }
   std::unique_lock<std::mutex> lock;
@@ -174,12 +193,12 @@ SessionScope::SessionScope(SessionId id, SessionOptions options) {
   }
   lock.unlock();
   session_ = std::move(session);
-  detail::tls_open_scope = this;
+  detail::this_thread().session_scope = this;
 }
 
 SessionScope::~SessionScope() {
   PREFIRE_NVTX_RANGE("prefire::SessionScope(close)", session_->id());
-  if (detail::tls_open_scope != this) {
+  if (detail::this_thread().session_scope != this) {
     detail::fatal_misuse("the SessionScope of session " + std::to_string(session_->id()) +
                          " was destroyed on another thread than the one that opened it");
   }
@@ -195,7 +214,7 @@ SessionScope::~SessionScope() {
     }
     session_->scope_open = false;
   }
-  detail::tls_open_scope = nullptr;
+  detail::this_thread().session_scope = nullptr;
 }
 
 SessionId SessionScope::id() const { return session_->id(); }
@@ -214,9 +233,9 @@ void clear_session(SessionId id) {
   frames.swap(session->frames);
   lock.unlock();
   for (const auto& weak : frames) {
-    if (auto frame = weak.lock()) frame->unregister_from(*session->core);
+    if (auto frame = weak.lock()) frame->unregister(*session->core);
   }
-  detail::retire_if_empty(session);
+  detail::end_if_empty(session);
 }
 
 void set_session_budget(SessionId id, std::optional<int64_t> bytes) {
@@ -225,11 +244,7 @@ void set_session_budget(SessionId id, std::optional<int64_t> bytes) {
     throw std::invalid_argument("prefire::set_session_budget: bytes must be >= 0 (or std::nullopt for no cap), got " +
                                 std::to_string(*bytes));
   }
-  std::unique_lock<std::mutex> lock;
-  auto session = detail::lock_session(id, lock);
-  session->budget = bytes;
-  lock.unlock();
-  if (!bytes) detail::retire_if_empty(session);
+  detail::Registry::get().set_budget(id, bytes);
 }
 
 SessionStats session_stats(SessionId id) {
@@ -237,7 +252,10 @@ SessionStats session_stats(SessionId id) {
   SessionStats stats;
   std::unique_lock<std::mutex> lock;
   auto session = detail::lock_existing_session(id, lock);
-  if (!session) return stats;
+  if (!session) {
+    stats.budget_bytes = detail::Registry::get().budget(id);  // the registry's lock, after the session's: none held
+    return stats;
+  }
   const detail::SessionCore& core = *session->core;
   stats.current_bytes = core.bytes->current();
   stats.peak_bytes = core.bytes->peak();

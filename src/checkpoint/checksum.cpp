@@ -1,6 +1,8 @@
-#include "checksum.h"
+#include "checkpoint/checksum.h"
 
-#include "../kernels/checksum_hash.h"
+#include "cuda/checksum_cuda.h"
+
+#include "kernels/checksum_hash.h"
 
 #include <c10/util/Exception.h>
 

@@ -22,16 +22,22 @@
 // A cut edge would make any other backward through an intermediate (an
 // auxiliary head on an activation of this graph, not passed to
 // backward_input) lose its gradients into I without a word: x.grad stays
-// undefined where a plain backward defines it. So each cut edge leads to one
-// node, ConsumedByBackwardInput, that leads nowhere and raises when run, and
-// each intermediate gets a pre-hook that raises, naming backward_input,
-// when the running backward needs a gradient along one of its cut edges
-// (Node::task_should_compute_output: with no `inputs` every edge is
-// needed, with `inputs` those on a path to them): the backward stops before
-// the intermediate runs, so it accumulates nothing there and W is intact.
-// W itself needs none of them (the consumed node leads to no parameter),
-// nor does a backward towards parameters only (autograd.grad(h, w)), which
-// gets its exact gradients. (Other nodes of I run as in any second
+// undefined where a plain backward defines it. So an intermediate's cut
+// edges lead to a node of its own, ConsumedByBackwardInput, that raises
+// when run, and the intermediate gets a pre-hook that raises, naming
+// backward_input, when the running backward needs a gradient along one of
+// its cut edges (Node::task_should_compute_output): the backward stops
+// before the intermediate runs, so it accumulates nothing there and W is
+// intact. Until W begins, the consumed node leads where the cut edges led:
+// a backward with `inputs` (autograd.grad) computes what it needs from the
+// graph's edges, and with dead ends there an intermediate that leads to an
+// input only through a cut edge looked unneeded, was skipped, and the
+// backward returned a wrong gradient without a word (the first version; the
+// random schedules found it: dx of an auxiliary head through the input
+// part). W begins by making the consumed nodes dead ends: W needs none of
+// the cut edges (its gradients along them went to I in B), nor does a
+// backward towards parameters reached without a cut edge (autograd.grad(h,
+// w) of the intermediate's own weight), which gets its exact gradients. (Other nodes of I run as in any second
 // backward: those whose saved tensors B released raise torch's own error.)
 // Exact gradients along the cut edges would need I kept alive until W, which
 // is the memory the split frees (Note [Memory that follows the passes]).
@@ -69,7 +75,7 @@
 
 #include <prefire/split_backward.h>
 
-#include "../profiling/nvtx.h"
+#include "profiling/nvtx.h"
 
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -114,6 +120,7 @@ struct WeightPassState {
   torch::autograd::edge_list roots;  // W starts here: (intermediate, input) edges and outputs of the weight part
   TensorList root_grads;
   std::vector<NodeRef> intermediates;  // whose tensor hooks ran in B (Note [Hooks run once across B and W])
+  std::vector<NodeRef> consumed;       // lead into I until W (Note [Backward through what B consumed raises])
 };
 
 namespace {
@@ -186,16 +193,19 @@ Edge gradient_edge_of(const at::Tensor& t) { return torch::autograd::impl::gradi
       "backward_input() call, with its grad_output, or run that backward before backward_input()");
 }
 
-/// Where the edges from the intermediates into I lead after B; see Note
-/// [Backward through what B consumed raises].
+/// Where an intermediate's edges into I lead after B; see Note [Backward
+/// through what B consumed raises].
 struct ConsumedByBackwardInput final : Node {
   torch::autograd::variable_list apply(torch::autograd::variable_list&& /*grads*/) override {
     consumed_by_backward_input();
   }
   std::string name() const override { return "prefire::ConsumedByBackwardInput"; }
-  /// An input like the one an edge led to (its metadata, which the engine checks the gradient against).
+  /// An input like the one `edge` led to (its metadata, which the engine
+  /// checks the gradient against), and an edge on to it. Before the node
+  /// has parents (Node::add_next_edge keeps the topological numbering).
   uint32_t add_input_like(const Edge& edge) {
     input_metadata_.push_back(edge.function->input_metadata(edge.input_nr));
+    add_next_edge(edge);
     return static_cast<uint32_t>(input_metadata_.size() - 1);
   }
 };
@@ -234,7 +244,7 @@ struct FreedWatch final : torch::autograd::FunctionPreHook {
 };
 
 /// On an intermediate: raises when the running backward needs a gradient
-/// along one of its cut edges.
+/// along one of its cut edges (Note [Backward through what B consumed raises]).
 struct CutEdgesGuard final : torch::autograd::FunctionPreHook {
   CutEdgesGuard(const Node* node, std::vector<size_t> cut) : node(node), cut(std::move(cut)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
@@ -284,6 +294,9 @@ TensorList WeightPass::run(bool accumulate_into_grad) {
     node->retains_grad_hooks().clear();
   }
   s.intermediates.clear();
+  // See Note [Backward through what B consumed raises]: dead ends for W.
+  for (const NodeRef& node : s.consumed) node->next_edges().clear();
+  s.consumed.clear();
   // Nothing of the graph is needed after this pass, whether it succeeds or throws.
   const torch::autograd::edge_list roots = std::move(s.roots);
   const TensorList root_grads = std::move(s.root_grads);
@@ -457,17 +470,21 @@ SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_o
   // parents because adding an edge could break the topological numbering;
   // removing one cannot.
   // See Note [Backward through what B consumed raises].
-  const NodeRef consumed = detail::make_node<detail::ConsumedByBackwardInput>();
   for (Node* node : ordered_intermediates) {
     std::vector<size_t> cut;
     for (size_t e = 0; e < node->num_outputs(); ++e) {
-      Edge& next = node->next_edges()[e];
-      if (next.is_valid() && w_part.count(next.function.get()) == 0) {
-        next = Edge(consumed, static_cast<detail::ConsumedByBackwardInput&>(*consumed).add_input_like(next));
-        cut.push_back(e);
-      }
+      const Edge& next = node->next_edges()[e];
+      if (next.is_valid() && w_part.count(next.function.get()) == 0) cut.push_back(e);
     }
-    if (!cut.empty()) node->add_pre_hook(std::make_unique<detail::CutEdgesGuard>(node, std::move(cut)));
+    if (cut.empty()) continue;
+    // The consumed node gets its edges before it has a parent; see ConsumedByBackwardInput.
+    const NodeRef consumed = detail::make_node<detail::ConsumedByBackwardInput>();
+    auto& leads_on = static_cast<detail::ConsumedByBackwardInput&>(*consumed);
+    std::vector<uint32_t> inputs;
+    for (size_t e : cut) inputs.push_back(leads_on.add_input_like(node->next_edges()[e]));
+    for (size_t i = 0; i < cut.size(); ++i) node->next_edges()[cut[i]] = Edge(consumed, inputs[i]);
+    state->consumed.push_back(consumed);
+    node->add_pre_hook(std::make_unique<detail::CutEdgesGuard>(node, std::move(cut)));
   }
   for (Node* node : graph.nodes) {  // See Note [A freed weight part is seen, not guessed].
     if (w_part.count(node) != 0 || intermediates.count(node) != 0) {

@@ -9,24 +9,10 @@
 // caller waits for is the computation it needs; a computation that needs
 // itself (a function that prefires its own checkpoint) is a CheckpointError,
 // not a hang.
-//
-// Note [Counting recomputed bytes]
-// A recomputation holds what autograd saved inside the checkpoint. Some of it
-// is not new memory: parameters the function captures (leaves that require
-// grad, and views of them such as the transposed weight a linear saves) and
-// the checkpoint's own inputs are saved as aliases of tensors that live
-// anyway (aliases_a_leaf). Only the other storages count, once per storage however many
-// slots alias it, from the moment a slot is stored until the last slot using
-// the storage is handed out for good or dropped. The same rule, applied to
-// forward's saves, gives Frame::expected_bytes(), which a session budget
-// compares before a prefire; with the inputs forward saved added back it
-// gives Frame::kept_bytes(), what the block would hold unchecked (a plan's
-// cost of keeping it).
 
-#include "recomputation.h"
+#include "checkpoint/recomputation.h"
 
 #include <prefire/errors.h>
-
 #include <prefire/stats.h>
 
 #include <algorithm>
@@ -34,55 +20,13 @@
 
 namespace prefire::detail {
 
-void ByteGauge::add(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  current_ += bytes;
-  peak_ = std::max(peak_, current_);
-}
-
-void ByteGauge::sub(int64_t bytes) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  current_ -= bytes;
-}
-
-int64_t ByteGauge::current() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return current_;
-}
-
-int64_t ByteGauge::peak() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return peak_;
-}
-
-void ByteGauge::reset_peak() {
-  std::lock_guard<std::mutex> lock(mu_);
-  peak_ = current_;
-}
-
 namespace {
 std::atomic<int64_t> g_recomputations{0};
 }
 
-ByteGauge& global_recomputed_bytes() {
-  static ByteGauge gauge;
-  return gauge;
-}
-
-ByteGauge& global_held_bytes() {
-  static ByteGauge gauge;
-  return gauge;
-}
-
-bool aliases_a_leaf(const at::Tensor& t) {
-  auto is_leaf_requiring_grad = [](const at::TensorBase& x) { return x.is_leaf() && x.requires_grad(); };
-  if (is_leaf_requiring_grad(t)) return true;
-  return t.is_view() && is_leaf_requiring_grad(t._base());
-}
-
 void count_recomputation() { g_recomputations.fetch_add(1, std::memory_order_relaxed); }
 
-Recomputation::~Recomputation() { release_all(); }
+Recomputation::~Recomputation() { drop_all_locked(); }
 
 bool Recomputation::ensure(c10::function_ref<void()> compute) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -105,7 +49,7 @@ bool Recomputation::ensure(c10::function_ref<void()> compute) {
     compute();
   } catch (...) {
     lock.lock();
-    release_all();
+    drop_all_locked();
     ready_.reset();
     in_pool_ = false;
     runner_ = std::thread::id();
@@ -122,7 +66,7 @@ bool Recomputation::ensure(c10::function_ref<void()> compute) {
 
 void Recomputation::reset(size_t num_slots) {
   std::lock_guard<std::mutex> lock(mu_);
-  release_all();
+  drop_all_locked();
   in_pool_ = false;
   ready_.reset();
   tensors_.assign(num_slots, at::Tensor());
@@ -133,11 +77,10 @@ void Recomputation::reset(size_t num_slots) {
 
 void Recomputation::store(size_t slot, at::Tensor tensor, bool counted) {
   std::lock_guard<std::mutex> lock(mu_);
-  release(slot);
+  drop_locked(slot);
   if (counted && tensor.has_storage()) {
-    const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-    if (storages_[storage]++ == 0) {
-      auto nbytes = static_cast<int64_t>(tensor.storage().nbytes());
+    const auto nbytes = census_.add(tensor.storage().unsafeGetStorageImpl(), static_cast<int64_t>(tensor.storage().nbytes()));
+    if (nbytes > 0) {
       global_recomputed_bytes().add(nbytes);
       global_held_bytes().add(nbytes);
       if (owner_) owner_->add(nbytes);
@@ -153,7 +96,7 @@ std::optional<at::Tensor> Recomputation::take(size_t slot, bool retain) {
   if (consumed_.at(slot)) return std::nullopt;
   if (retain) return tensors_[slot];
   at::Tensor t = tensors_[slot];
-  release(slot);
+  drop_locked(slot);
   consumed_[slot] = 1;
   return t;
 }
@@ -169,7 +112,7 @@ void Recomputation::end_pass() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t slot = 0; slot < taken_.size(); ++slot) {
     if (!taken_[slot]) continue;
-    release(slot);
+    drop_locked(slot);
     consumed_[slot] = 1;
     taken_[slot] = 0;
   }
@@ -177,29 +120,27 @@ void Recomputation::end_pass() noexcept {
 
 void Recomputation::drop(size_t slot) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  if (slot < tensors_.size()) release(slot);
+  if (slot < tensors_.size()) drop_locked(slot);
 }
 
-void Recomputation::release(size_t slot) noexcept {
+void Recomputation::drop_locked(size_t slot) noexcept {
   at::Tensor& t = tensors_[slot];
   if (!t.defined()) return;
   if (counted_[slot]) {
-    auto it = storages_.find(t.storage().unsafeGetStorageImpl());
-    if (it != storages_.end() && --it->second == 0) {
-      auto nbytes = static_cast<int64_t>(t.storage().nbytes());
+    const auto nbytes = census_.remove(t.storage().unsafeGetStorageImpl(), static_cast<int64_t>(t.storage().nbytes()));
+    if (nbytes > 0) {
       global_recomputed_bytes().sub(nbytes);
       global_held_bytes().sub(nbytes);
       if (owner_) owner_->sub(nbytes);
       if (in_pool_) pool_->sub(nbytes);
-      storages_.erase(it);
     }
     counted_[slot] = 0;
   }
   t.reset();
 }
 
-void Recomputation::release_all() noexcept {
-  for (size_t slot = 0; slot < tensors_.size(); ++slot) release(slot);
+void Recomputation::drop_all_locked() noexcept {
+  for (size_t slot = 0; slot < tensors_.size(); ++slot) drop_locked(slot);
 }
 
 }  // namespace prefire::detail

@@ -1,4 +1,4 @@
-#include "prefire/plan.h"
+#include <prefire/plan.h>
 
 #include <algorithm>
 #include <limits>

@@ -1,18 +1,15 @@
-#include "hook_stack.h"
+#include "hooks/hook_stack.h"
 
-#include "thread_stack.h"
+#include "hooks/thread_stack.h"
+#include "hooks/thread_state.h"
 
 #include <atomic>
 
 namespace prefire::detail {
-namespace {
-// The stack is intrusive: each scope links to the scope below it.
-thread_local HookContextScope* tls_top = nullptr;
-// The innermost context, cached for the query every saved tensor makes.
-thread_local HookContext* tls_top_context = nullptr;
-}  // namespace
 
-HookContext* current_hook_context() noexcept { return tls_top_context; }
+// The stack is intrusive: each scope links to the scope below it. The
+// innermost context is cached for the query every saved tensor makes.
+HookContext* current_hook_context() noexcept { return this_thread().hook_context; }
 
 namespace {
 std::atomic<HookSource*> g_source{nullptr};
@@ -22,24 +19,26 @@ void set_hook_source(HookSource* source) noexcept { g_source.store(source, std::
 HookSource* hook_source() noexcept { return g_source.load(std::memory_order_acquire); }
 
 HookContextScope::HookContextScope(HookContext* context)
-    : context_(context), source_(hook_source()), below_(tls_top) {
+    : context_(context), source_(hook_source()), below_(this_thread().hook_scope) {
   if (source_ != nullptr) source_->enter();  // before linking: a throw leaves nothing behind
-  tls_top = this;
-  tls_top_context = context;
+  ThreadState& thread = this_thread();
+  thread.hook_scope = this;
+  thread.hook_context = context;
 }
 
 HookContextScope::~HookContextScope() {
-  if (!unlink_from_stack(tls_top, this, [](HookContextScope& s) -> HookContextScope*& { return s.below_; })) {
+  ThreadState& thread = this_thread();
+  if (!unlink_from_stack(thread.hook_scope, this, [](HookContextScope& s) -> HookContextScope*& { return s.below_; })) {
     fatal_misuse(
         "a saved-tensor hook context (a checkpoint's forward, a recomputation or a SavedTensorMeter) ended on "
         "another thread than the one it started on; stop a SavedTensorMeter on the thread that made it");
   }
-  tls_top_context = tls_top != nullptr ? tls_top->context_ : nullptr;
+  thread.hook_context = thread.hook_scope != nullptr ? thread.hook_scope->context_ : nullptr;
   if (source_ != nullptr) source_->leave();
 }
 
 bool HookContextScope::on_this_thread() const noexcept {
-  for (const HookContextScope* s = tls_top; s != nullptr; s = s->below_) {
+  for (const HookContextScope* s = this_thread().hook_scope; s != nullptr; s = s->below_) {
     if (s == this) return true;
   }
   return false;

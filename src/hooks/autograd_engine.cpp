@@ -16,8 +16,8 @@
 
 #include <prefire/install.h>
 
-#include "engine.h"
-#include "hook_stack.h"
+#include "hooks/autograd_engine.h"
+#include "hooks/hook_stack.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>

@@ -1,6 +1,6 @@
 #include <prefire/observer.h>
 
-#include "observer_internal.h"
+#include "checkpoint/observer.h"
 
 #include <atomic>
 #include <mutex>

@@ -1,4 +1,4 @@
-#include "thread_stack.h"
+#include "hooks/thread_stack.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,16 +1,14 @@
 #include <prefire/saved_tensor_meter.h>
 
-#include "hook_stack.h"
-#include "recomputation.h"
+#include "hooks/hook_stack.h"
+#include "memory/storage_census.h"
 
 #include <c10/core/Storage.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <algorithm>
 #include <mutex>
 #include <stdexcept>
-#include <unordered_map>
 
 namespace prefire {
 namespace detail {
@@ -19,34 +17,37 @@ class MeterContext final : public HookContext, public std::enable_shared_from_th
  public:
   std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override;
 
+  // See Note [Counting saved bytes] in memory/storage_census.cpp.
   void add(c10::StorageImpl* storage, int64_t nbytes) {
     std::lock_guard<std::mutex> lock(mu_);
     ++saved_;
     if (storage == nullptr) return;
-    if (refs_[storage]++ == 0) {
-      current_ += nbytes;
-      peak_ = std::max(peak_, current_);
-      global_held_bytes().add(nbytes);
+    if (const int64_t counted = census_.add(storage, nbytes)) {
+      bytes.add(counted);
+      global_held_bytes().add(counted);
     }
   }
 
   void remove(c10::StorageImpl* storage, int64_t nbytes) noexcept {
     if (storage == nullptr) return;
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = refs_.find(storage);
-    if (it == refs_.end()) return;
-    if (--it->second == 0) {
-      current_ -= nbytes;
-      refs_.erase(it);
-      global_held_bytes().sub(nbytes);
+    if (const int64_t uncounted = census_.remove(storage, nbytes)) {
+      bytes.sub(uncounted);
+      global_held_bytes().sub(uncounted);
     }
   }
 
-  mutable std::mutex mu_;
-  std::unordered_map<c10::StorageImpl*, int64_t> refs_;  // storage -> saved tensors using it
-  int64_t current_ = 0;  // bytes
-  int64_t peak_ = 0;     // bytes
-  int64_t saved_ = 0;    // tensors
+  int64_t saved() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return saved_;
+  }
+
+  ByteGauge bytes;  // of the storages saved tensors hold now
+
+ private:
+  mutable std::mutex mu_;  // guards the fields below
+  StorageCensus census_;
+  int64_t saved_ = 0;  // tensors
 };
 
 namespace {
@@ -56,7 +57,7 @@ bool counts(const at::Tensor& t) { return t.has_storage() && !aliases_a_leaf(t);
 
 // Holds the saved tensor (an alias without autograd metadata: an output
 // saved by its own node would otherwise hold that node in a cycle; see Note
-// [Aliases of recomputed tensors] in frame.cpp) and repeats autograd's
+// [Aliases of recomputed tensors] in checkpoint/recompute.cpp) and repeats autograd's
 // version check, which SavedVariable skips for hooked tensors; the alias
 // shares the tensor's version counter.
 class MeteredTensor final : public PackedTensor {
@@ -109,19 +110,10 @@ void SavedTensorMeter::stop() {
   scope_.reset();
 }
 
-int64_t SavedTensorMeter::current_bytes() const {
-  std::lock_guard<std::mutex> lock(context_->mu_);
-  return context_->current_;
-}
+int64_t SavedTensorMeter::current_bytes() const { return context_->bytes.current(); }
 
-int64_t SavedTensorMeter::peak_bytes() const {
-  std::lock_guard<std::mutex> lock(context_->mu_);
-  return context_->peak_;
-}
+int64_t SavedTensorMeter::peak_bytes() const { return context_->bytes.peak(); }
 
-int64_t SavedTensorMeter::saved_tensors() const {
-  std::lock_guard<std::mutex> lock(context_->mu_);
-  return context_->saved_;
-}
+int64_t SavedTensorMeter::saved_tensors() const { return context_->saved(); }
 
 }  // namespace prefire

@@ -1,7 +1,8 @@
 #pragma once
 
-// The few engine services the frame logic uses, kept out of engine.h's heavy
-// include graph.
+// prefire's autograd engine (Note [How C++ gets saved-tensor hooks] in
+// autograd_engine.cpp) and the few engine services the checkpoint layer uses,
+// kept out of torch's engine.h and its heavy include graph.
 
 #include <cstdint>
 #include <functional>

@@ -23,31 +23,30 @@
 //      unpacks them, and those it never unpacks (partial backward) are dropped
 //      when the graph task ends, through Engine::queue_callback;
 //   4. outside backward, a private one for this unpack alone.
-// Whatever the key, the path is the same: find the recomputation, compute it
-// once (compute_once, Note [Single-flight recomputation]), take the slot. The
-// frame writes its session's counters through the entry the session layer
-// gave it and never calls into the session layer.
+// Whatever the key, the path is the same: find the recomputation, have the
+// recompute driver fill it once (recompute_once, Note [Single-flight
+// recomputation]), take the slot. The frame writes its session's counters
+// through the registration the session layer gave it and never calls into
+// the session layer.
 
-#include "frame.h"
+#include "checkpoint/frame.h"
 
 #include <prefire/errors.h>
 
-#include "../profiling/nvtx.h"
-#include "checksum.h"
+#include "checkpoint/checksum.h"
+#include "checkpoint/observer.h"
 #include "cuda/prefire_stream.h"
-#include "engine.h"
-#include "observer_internal.h"
+#include "hooks/autograd_engine.h"
+#include "hooks/thread_state.h"
 
 #include <ATen/SequenceNumber.h>
 #include <c10/core/AutogradState.h>
-#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <chrono>
 #include <sstream>
 
 namespace prefire::detail {
@@ -56,8 +55,10 @@ namespace {
 
 // Note [Early stop]
 // A recomputation stops as soon as it has saved as many tensors as forward
-// did: the capture's pack hook throws StopRecompute from inside the op that
-// saved the last one, and the recompute driver catches it. It derives from
+// did: the recompute driver's pack hook throws StopRecompute from inside the
+// op that saved the last one, and the driver catches it
+// (checkpoint/recompute.cpp); forward decides whether it may
+// (Frame::forward, below). It derives from
 // nothing, so user code inside `fn` that catches std::exception cannot swallow
 // it (only a catch (...) that does not rethrow can).
 //
@@ -81,14 +82,14 @@ namespace {
 // deliberately not a timing: whether the rest of `fn` runs again is the same
 // on every run and every machine. Checkpoints with CUDA inputs always stop
 // (their kernels run asynchronously; a stop also keeps the prefire stream
-// free of work nobody uses). StopRecompute is in hook_stack.h: the Python
-// bridge carries it across the Python frames of `fn`.
+// free of work nobody uses). StopRecompute is in hooks/hook_stack.h: the
+// Python bridge carries it across the Python frames of `fn`.
 
 // The forward's placeholder for one saved tensor.
 class SlotRef final : public PackedTensor {
  public:
   SlotRef(std::shared_ptr<Frame> frame, size_t slot) : frame_(std::move(frame)), slot_(slot) {}
-  ~SlotRef() override { frame_->release_slot(slot_); }
+  ~SlotRef() override { frame_->release(slot_); }
   at::Tensor unpack() override { return frame_->unpack(slot_); }
 
  private:
@@ -96,80 +97,10 @@ class SlotRef final : public PackedTensor {
   size_t slot_;
 };
 
-// What the recomputation's own graph keeps: the tensor itself (that graph is
-// dropped when the recomputation returns).
-class KeptTensor final : public PackedTensor {
- public:
-  explicit KeptTensor(at::Tensor t) : tensor_(std::move(t)) {}
-  at::Tensor unpack() override { return tensor_; }
-
- private:
-  at::Tensor tensor_;
-};
-
-// Note [Aliases of recomputed tensors]
-// Autograd hands a pack hook the saved tensor itself, which may carry the
-// throw-away graph's grad_fn (an output saved by its own op); kept as it is,
-// the slot would hold that graph and the graph itself. So the recomputation
-// keeps an alias without autograd metadata: tensor_data(), which shares
-// storage, metadata and version counter, as detach() does, but is a plain
-// shallow copy rather than an op through the dispatcher (callgrind: ~1,100
-// instructions fewer each, five per call of a four-slot checkpoint). What
-// autograd later hands to backward is its own variable over that alias
-// (SavedVariable::unpack), so the alias is never seen by user code. A saved
-// tensor that needs no gradient and has no history (an input or a constant
-// that does not require grad) has no graph to drop: the slot keeps the tensor
-// itself, so backward unpacks the object forward saved, as torch's
-// checkpoint does.
-//
-// Note [Recomputation inputs are forward's tensors]
-// The recomputation runs `fn` on exactly what its saved inputs unpack to: for
-// a top-level checkpoint the very tensors forward received (same
-// TensorImpl, so in Python the same object: its subclass type, its Python
-// attributes, a DTensor's placements), for a nested one the tensors its
-// parent's recomputation saved. Not aliases: a function whose behaviour
-// depends on its input's type (a __torch_function__ subclass) would compute
-// something else on a plain alias, and the metadata check cannot see it
-// (shapes agree). The recomputation's ops thereby add nodes that point into
-// forward's graph; nothing runs them, and they go with the recomputation's
-// throw-away graph. torch.utils.checkpoint recomputes from its saved inputs
-// the same way.
-
 // See Note [Early stop]: a kernel pending after the last save on at least
 // this many input elements (64 KiB of float) costs about what the stop does
 // on a CPU, or more.
 constexpr int64_t kStopBeforeKernelElements = 16384;
-
-// Whether a tensor a recomputation saves carries autograd state its slot must
-// not keep; see Note [Aliases of recomputed tensors].
-bool needs_alias(const at::Tensor& t) { return t.requires_grad(); }
-
-// The context on top of the stack while a frame recomputes.
-class RecomputeCapture final : public HookContext {
- public:
-  RecomputeCapture(Frame& frame, Recomputation& r, const Frame::Extent& extent)
-      : frame_(frame), r_(r), extent_(extent) {}
-
-  std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override {
-    // One alias for the slot and for the throw-away graph; see Note [Aliases of recomputed tensors].
-    at::Tensor detached = needs_alias(tensor) ? tensor.tensor_data() : tensor;
-    if (frame_.store_recomputed(r_, count_++, detached, extent_)) {
-      stopped_ = true;
-      throw StopRecompute{};
-    }
-    return std::make_unique<KeptTensor>(std::move(detached));
-  }
-
-  size_t count() const { return count_; }
-  bool stopped() const { return stopped_; }
-
- private:
-  Frame& frame_;
-  Recomputation& r_;
-  const Frame::Extent extent_;
-  size_t count_ = 0;
-  bool stopped_ = false;
-};
 
 // The GraphExecGroup this thread's backward runs in, or nullptr. Torch
 // versions before GraphExecGroup have no such field: always nullptr there.
@@ -193,87 +124,19 @@ std::string cat(const Args&... args) {
   return out.str();
 }
 
-thread_local int tls_recompute_depth = 0;
-thread_local Frame* tls_forward = nullptr;  // innermost frame whose forward runs on this thread
-thread_local const SessionCore* tls_prefire_session = nullptr;
-
-// Marks this thread as recomputing. Checkpoints created inside a
-// recomputation are nested in nothing: they belong to the recomputation's
-// throw-away graph, not to a forward.
-class RecomputeDepthGuard {
- public:
-  RecomputeDepthGuard() : forward_(tls_forward) {
-    ++tls_recompute_depth;
-    tls_forward = nullptr;
-  }
-  ~RecomputeDepthGuard() {
-    --tls_recompute_depth;
-    tls_forward = forward_;
-  }
-
- private:
-  Frame* forward_;
-};
-
 }  // namespace
-
-bool recomputing_on_this_thread() { return tls_recompute_depth > 0; }
-
-PrefireSessionScope::PrefireSessionScope(const SessionCore* session) noexcept : previous_(tls_prefire_session) {
-  tls_prefire_session = session;
-}
-
-PrefireSessionScope::~PrefireSessionScope() { tls_prefire_session = previous_; }
-
-// ---- SlotMetadata ---------------------------------------------------------------
-
-SlotMetadata SlotMetadata::of(const at::Tensor& t) {
-  SlotMetadata m;
-  m.sizes.assign(t.sizes().begin(), t.sizes().end());
-  m.dtype = t.scalar_type();
-  m.device = t.device();
-  return m;
-}
-
-bool SlotMetadata::matches(const at::Tensor& t) const {
-  return t.sizes().equals(sizes) && t.scalar_type() == dtype && t.device() == device;
-}
-
-std::string SlotMetadata::to_string() const {
-  return cat("{shape ", c10::IntArrayRef(sizes), ", dtype ", dtype, ", device ", device, "}");
-}
 
 // ---- Frame: forward -------------------------------------------------------------
 
-// Note [Save frame inputs through autograd]
-// The frame needs its inputs to recompute. Held as plain tensors, a checkpoint
-// nested in another would keep the outer's intermediates alive and the outer
-// would save nothing. Held as SavedVariables made while the enclosing context
-// is on top of the stack, they are packed like any other saved tensor: an
-// enclosing frame drops them and gives them back when recomputed. A top-level
-// frame's SavedVariables simply hold the inputs. In-place changes are caught
-// through the inputs' version counters, kept separately so the check works in
-// both cases and raises CheckpointError rather than autograd's generic error.
 Frame::Frame(CheckpointFn fn, const TensorList& inputs, const CheckpointOptions& options)
     : fn_(std::move(fn)),
       options_(options),
-      state_(CapturedState::capture(inputs, options.preserve_rng_state)) {
-  saved_inputs_.reserve(inputs.size());
-  input_versions_.reserve(inputs.size());
-  input_saved_versions_.reserve(inputs.size());
+      state_(CapturedState::capture(inputs, options.preserve_rng_state)),
+      inputs_(inputs) {
   for (const auto& input : inputs) {
-    saved_inputs_.emplace_back(input, /*is_output=*/false);
-    if (input.defined() && input.is_cuda() && !prefire_device_) prefire_device_ = input.device();
-    if (input.defined()) {
-      input_versions_.push_back(torch::autograd::impl::version_counter(input));
-      input_saved_versions_.push_back(input._version());
-      if (input.has_storage()) {
-        forward_uncounted_.insert(input.storage().unsafeGetStorageImpl());
-        forward_pins_.push_back(input.storage().getWeakStorageImpl());
-      }
-    } else {
-      input_versions_.emplace_back();
-      input_saved_versions_.push_back(0);
+    if (input.defined() && input.has_storage()) {
+      forward_uncounted_.insert(input.storage().unsafeGetStorageImpl());
+      forward_pins_.push_back(input.storage().getWeakStorageImpl());
     }
   }
 }
@@ -282,23 +145,20 @@ Frame::~Frame() = default;
 
 std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
   TORCH_INTERNAL_ASSERT(!forward_done_.load(std::memory_order_relaxed), "pack into a finished frame");
-  metadata_.push_back(SlotMetadata::of(tensor));
-  if (options_.determinism_check == DeterminismCheck::kChecksum) metadata_.back().checksum = tensor_checksum(tensor);
-  // See Note [Counting recomputed bytes]: parameters and inputs are aliases.
-  // An input it saves is counted apart: keeping the block would hold it.
+  SlotMetadata metadata = SlotMetadata::of(tensor);
+  if (options_.determinism_check == DeterminismCheck::kChecksum) metadata.checksum = tensor_checksum(tensor);
+  // See Note [Counting saved bytes]: parameters and inputs are aliases. An
+  // input it saves is counted apart: keeping the block would hold it.
   const bool activation = tensor.has_storage() && !aliases_a_leaf(tensor);
   const bool counted = activation && forward_uncounted_.count(tensor.storage().unsafeGetStorageImpl()) == 0;
-  counted_.push_back(counted ? 1 : 0);
-  if (activation && forward_counted_.insert(tensor.storage().unsafeGetStorageImpl()).second) {
-    (counted ? expected_bytes_ : saved_input_bytes_) += static_cast<int64_t>(tensor.storage().nbytes());
-    if (counted) forward_pins_.push_back(tensor.storage().getWeakStorageImpl());
+  if (activation) {
+    const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+    if (const int64_t nbytes = forward_census_.add(storage, static_cast<int64_t>(tensor.storage().nbytes()))) {
+      (counted ? expected_bytes_ : saved_input_bytes_) += nbytes;
+      if (counted) forward_pins_.push_back(tensor.storage().getWeakStorageImpl());
+    }
   }
-  size_t slot;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    slot = alive_.size();
-    alive_.push_back(1);
-  }
+  const size_t slot = slots_.add(std::move(metadata), counted);
   // See Note [Early stop].
   const uint64_t sequence_nr = at::sequence_number::peek();
   if (sequence_nr != last_pack_sequence_nr_) last_node_input_elements_ = 0;  // a save of a newer node
@@ -310,29 +170,25 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
 }
 
 std::pair<TensorList, bool> Frame::forward(const TensorList& inputs) {
-  Frame* const parent = tls_forward;
+  Frame* const parent = this_thread().forward;
   TensorList outputs;
   {
-    tls_forward = this;
-    struct Restore {
-      Frame* parent;
-      ~Restore() { tls_forward = parent; }
-    } restore{parent};
+    ThreadStateGuard<Frame*> forward(this_thread().forward, this);
     ContextGuard user = options_.context_fn.forward ? options_.context_fn.forward() : nullptr;
     HookContextScope scope(this);
     outputs = fn_(inputs);
   }
   state_.drop_rng_if_unused();  // before anything else on this thread draws; Note [Generator snapshots]
-  num_slots_ = metadata_.size();
+  num_slots_ = slots_.size();
   // See Note [Early stop].
   const bool autograd_work_after_last_save = at::sequence_number::peek() != last_pack_sequence_nr_;
   const bool large_kernel_after_last_save =
       !last_pack_was_output_ && last_node_input_elements_ >= kStopBeforeKernelElements;
-  stop_at_last_slot_ = options_.early_stop &&
-                       (prefire_device_.has_value() || autograd_work_after_last_save || large_kernel_after_last_save);
+  stop_at_last_slot_ = options_.early_stop && (inputs_.cuda_device().has_value() || autograd_work_after_last_save ||
+                                               large_kernel_after_last_save);
   // Forward-only bookkeeping: its memory goes too, not only its elements.
   forward_uncounted_ = {};
-  forward_counted_ = {};
+  forward_census_.clear();
   forward_pins_ = {};
   forward_done_.store(true, std::memory_order_release);
   if (parent != nullptr && num_slots_ > 0) parent->nested_.push_back(weak_from_this());
@@ -349,15 +205,17 @@ std::vector<std::shared_ptr<Frame>> Frame::with_nested() {
   return all;
 }
 
-void Frame::release_slot(size_t slot) noexcept {
-  // See Note [Memory that follows the passes] in split_backward.cpp: a
-  // recomputed tensor no saved tensor refers to any more goes at once.
-  // Dropped outside the frame's lock, collected without a heap allocation
-  // in the usual case (one session or one graph task).
+void Frame::release(size_t slot) noexcept {
+  // See Note [Memory that follows the passes] in split_backward/split_backward.cpp:
+  // a recomputed tensor no saved tensor refers to any more goes at once. The
+  // slot is marked first (the recompute driver stores only alive slots and
+  // looks again after storing), then every recomputation holding it drops
+  // it, outside the frame's lock, collected without a heap allocation in the
+  // usual case (one session or one graph task).
+  slots_.release(slot);
   c10::SmallVector<std::shared_ptr<Recomputation>, 2> holders;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    alive_[slot] = 0;
     if (registered_) holders.emplace_back(registered_, &registered_->recomputation);
     for (const auto& [id, r] : graph_tasks_) holders.push_back(r);
     for (const auto& [group, r] : groups_) holders.push_back(r);
@@ -370,10 +228,11 @@ void Frame::release_slot(size_t slot) noexcept {
 at::Tensor Frame::unpack(size_t slot) {
   if (!forward_done_.load(std::memory_order_acquire)) return unpack_in_forward(slot);
   // See Note [Recomputation keys].
-  if (std::optional<SessionUnpack> s = session_for_unpack()) {
-    SessionCore& session = *s->entry->session;
-    Recomputation& r = s->entry->recomputation;
-    std::optional<RecomputeEvent> event = compute_once(r, RecomputeEvent::Kind::kLazy, session.id, full_extent());
+  if (std::optional<Serving> s = session_for_unpack()) {
+    SessionCore& session = *s->registration->session;
+    Recomputation& r = s->registration->recomputation;
+    std::optional<RecomputeEvent> event =
+        recompute_once(source(), r, RecomputeEvent::Kind::kLazy, session.id, full_extent());
     if (event) {
       session.lazy_recomputes.fetch_add(1, std::memory_order_relaxed);
       notify_recompute(*event);
@@ -405,7 +264,9 @@ at::Tensor Frame::unpack_by_graph_task(size_t slot, const Extent& extent) {
 }
 
 void Frame::compute_lazily(Recomputation& r, const Extent& extent) {
-  if (auto event = compute_once(r, RecomputeEvent::Kind::kLazy, std::nullopt, extent)) notify_recompute(*event);
+  if (auto event = recompute_once(source(), r, RecomputeEvent::Kind::kLazy, std::nullopt, extent)) {
+    notify_recompute(*event);
+  }
 }
 
 // Note [Backward inside the checkpointed function]
@@ -422,27 +283,23 @@ void Frame::compute_lazily(Recomputation& r, const Extent& extent) {
 // backward may itself save tensors, with create_graph) belong to forward and
 // are recomputed by backward's recomputation like any other.
 at::Tensor Frame::unpack_in_forward(size_t slot) {
-  Extent extent;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    extent = Extent{alive_.size(), /*stop_at_last=*/true};
-  }
+  const Extent extent{slots_.size(), /*stop_at_last=*/true};
   TORCH_INTERNAL_ASSERT(slot < extent.slots, "unpack of slot ", slot, " before it was saved");
   return unpack_by_graph_task(slot, extent);
 }
 
-std::optional<Frame::SessionUnpack> Frame::session_for_unpack() const {
+std::optional<Frame::Serving> Frame::session_for_unpack() const {
   if (bound_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (bound_.load(std::memory_order_relaxed) && registered_) {
-      return SessionUnpack{registered_, registered_->session->retain_on_unpack.load(std::memory_order_acquire)};
+      return Serving{registered_, registered_->session->retain_on_unpack.load(std::memory_order_acquire)};
     }
   }
-  if (const SessionCore* prefiring = tls_prefire_session) {
+  if (const SessionCore* prefiring = this_thread().prefiring) {
     // See Note [A nested prefire takes its inputs on the prefire stream].
     std::lock_guard<std::mutex> lock(mu_);
     if (registered_ && registered_->session.get() == prefiring) {
-      return SessionUnpack{registered_, /*retain=*/true, /*for_nested_prefire=*/true};
+      return Serving{registered_, /*retain=*/true, /*for_nested_prefire=*/true};
     }
   }
   return std::nullopt;
@@ -460,7 +317,7 @@ std::shared_ptr<Recomputation> Frame::recomputation_for(int64_t graph_task) {
     graph_tasks_.emplace_back(graph_task, fresh);
   }
   queue_graph_task_callback([weak = weak_from_this(), graph_task] {
-    if (auto frame = weak.lock()) frame->drop(graph_task);
+    if (auto frame = weak.lock()) frame->drop_graph_task(graph_task);
   });
   return fresh;
 }
@@ -479,7 +336,7 @@ std::shared_ptr<Recomputation> Frame::recomputation_for(const c10::SafePyObject&
   return groups_.emplace_back(std::move(reference), std::make_shared<Recomputation>()).second;
 }
 
-void Frame::drop(int64_t graph_task) noexcept {
+void Frame::drop_graph_task(int64_t graph_task) noexcept {
   std::shared_ptr<Recomputation> dropped;  // released after the lock
   std::lock_guard<std::mutex> lock(mu_);
   auto it = std::find_if(graph_tasks_.begin(), graph_tasks_.end(),
@@ -503,7 +360,7 @@ void Frame::drop(int64_t graph_task) noexcept {
 at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session, bool in_group,
                        bool hand_over) {
   TORCH_INTERNAL_ASSERT(slot < r.num_slots(), "slot ", slot, " out of range ", r.num_slots());
-  // A session's last pass lets go when it ends; see Note [The last pass lets go when it ends] in session.h.
+  // A session's last pass lets go when it ends; see Note [The last pass lets go when it ends] in session/session.h.
   std::optional<at::Tensor> t = session && !retain ? r.take_for_pass(slot) : r.take(slot, retain);
   if (!t) {
     if (session) {
@@ -535,7 +392,7 @@ at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional
 
 // ---- Frame: sessions --------------------------------------------------------------
 
-std::pair<std::shared_ptr<SessionEntry>, bool> Frame::register_to(const std::shared_ptr<SessionCore>& session) {
+std::pair<std::shared_ptr<Registration>, bool> Frame::register_to(const std::shared_ptr<SessionCore>& session) {
   std::lock_guard<std::mutex> lock(mu_);
   if (registered_) {
     if (registered_->session == session) return {registered_, false};
@@ -543,12 +400,12 @@ std::pair<std::shared_ptr<SessionEntry>, bool> Frame::register_to(const std::sha
     throw CheckpointError(cat("prefire: this checkpoint is registered to session ", other, "; clear_session(", other,
                               ") before registering it to session ", session->id));
   }
-  registered_ = std::make_shared<SessionEntry>(session);
+  registered_ = std::make_shared<Registration>(session);
   return {registered_, true};
 }
 
-void Frame::unregister_from(const SessionCore& session) noexcept {
-  std::shared_ptr<SessionEntry> dropped;  // released after the lock
+void Frame::unregister(const SessionCore& session) noexcept {
+  std::shared_ptr<Registration> dropped;  // released after the lock
   std::lock_guard<std::mutex> lock(mu_);
   if (!registered_ || registered_->session.get() != &session) return;
   bound_.store(false, std::memory_order_release);
@@ -556,13 +413,13 @@ void Frame::unregister_from(const SessionCore& session) noexcept {
 }
 
 void Frame::end_pass(const SessionCore& session) noexcept {
-  std::shared_ptr<SessionEntry> entry;
+  std::shared_ptr<Registration> registration;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!registered_ || registered_->session.get() != &session) return;
-    entry = registered_;
+    registration = registered_;
   }
-  entry->recomputation.end_pass();
+  registration->recomputation.end_pass();
 }
 
 void Frame::bind(bool bound) noexcept {
@@ -570,131 +427,14 @@ void Frame::bind(bool bound) noexcept {
   bound_.store(bound && registered_ != nullptr, std::memory_order_release);
 }
 
-bool Frame::prefire(SessionEntry& entry) {
-  std::optional<RecomputeEvent> event =
-      compute_once(entry.recomputation, RecomputeEvent::Kind::kPrefire, entry.session->id, full_extent());
+bool Frame::prefire(Registration& registration) {
+  std::optional<RecomputeEvent> event = recompute_once(source(), registration.recomputation,
+                                                       RecomputeEvent::Kind::kPrefire, registration.session->id,
+                                                       full_extent());
   if (!event) return false;
-  entry.session->prefires.fetch_add(1, std::memory_order_relaxed);
+  registration.session->prefires.fetch_add(1, std::memory_order_relaxed);
   notify_recompute(*event);
   return true;
-}
-
-// ---- Frame: recompute ---------------------------------------------------------------
-
-TensorList Frame::recompute_inputs() const {
-  TensorList args;
-  args.reserve(saved_inputs_.size());
-  for (size_t i = 0; i < saved_inputs_.size(); ++i) {
-    const auto& counter = input_versions_[i];
-    if (counter.enabled() && counter.current_version() != input_saved_versions_[i]) {
-      throw CheckpointError(cat(
-          "prefire::checkpoint: input ", i, " of a checkpoint was modified in place after the checkpoint's "
-          "forward (version ", input_saved_versions_[i], " at forward, ", counter.current_version(),
-          " now); recomputing from it would give wrong gradients. Modify a clone instead, or modify it "
-          "only after backward"));
-    }
-    // See Note [Recomputation inputs are forward's tensors].
-    args.push_back(saved_inputs_[i].unpack());
-  }
-  return args;
-}
-
-bool Frame::store_recomputed(Recomputation& r, size_t index, const at::Tensor& tensor, const Extent& extent) {
-  const bool check = options_.determinism_check != DeterminismCheck::kNone;
-  if (index >= extent.slots) {
-    if (options_.early_stop) return true;  // See Note [Early stop]: nothing after forward's count is unpacked
-    if (check) {
-      throw CheckpointError(cat(
-          "prefire::checkpoint: the recomputation saved more tensors than forward did (forward saved ",
-          extent.slots, "; recompute is saving tensor ", index + 1,
-          "): the checkpointed function does not do the same work when called again"));
-    }
-    return false;  // nothing to store it as
-  }
-  if (check) {
-    if (!metadata_[index].matches(tensor)) {
-      throw CheckpointError(cat(
-          "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", extent.slots,
-          ") differs between forward and recomputation: forward ", metadata_[index].to_string(),
-          ", recompute ", SlotMetadata::of(tensor).to_string(),
-          ". The checkpointed function is not deterministic in its shapes, dtypes or devices; make it so, "
-          "or pass determinism_check = none to skip this check"));
-    }
-    if (metadata_[index].checksum) {
-      uint64_t recomputed_sum = tensor_checksum(tensor);
-      if (recomputed_sum != *metadata_[index].checksum) {
-        throw CheckpointError(cat(
-            "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", extent.slots,
-            ") has other values in the recomputation than in forward: checksum 0x", std::hex,
-            *metadata_[index].checksum, " at forward, 0x", recomputed_sum, std::dec, " at recompute, ",
-            metadata_[index].to_string(),
-            ". The function draws random numbers without preserve_rng_state, reads state that changed since "
-            "forward, or is not deterministic"));
-      }
-    }
-  }
-  auto alive = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return alive_[index] != 0;
-  };
-  if (alive()) {
-    r.store(index, tensor, counted_[index] != 0);
-    // The saved tensor may have gone meanwhile; release_slot() dropped
-    // before the store, or drops after this check.
-    if (!alive()) r.drop(index);
-  }
-  return extent.stop_at_last && index + 1 == extent.slots;
-}
-
-std::optional<RecomputeEvent> Frame::compute_once(Recomputation& r, RecomputeEvent::Kind kind,
-                                                  std::optional<SessionId> session, const Extent& extent) {
-  if (r.done()) return std::nullopt;
-  // Taken before the single flight is claimed; see Note [Recomputations that
-  // restore generators] in state_capture.h.
-  std::unique_lock<std::recursive_mutex> generators;
-  if (state_.rng) generators = lock_generators();
-  std::optional<RecomputeEvent> event;
-  r.ensure([&] { event = recompute(r, kind, session, extent); });
-  return event;
-}
-
-RecomputeEvent Frame::recompute(Recomputation& r, RecomputeEvent::Kind kind, std::optional<SessionId> session,
-                                const Extent& extent) {
-  const bool prefiring = kind == RecomputeEvent::Kind::kPrefire;
-  PREFIRE_NVTX_RANGE(prefiring ? "prefire::recompute(prefire)" : "prefire::recompute(lazy)", session.value_or(-1));
-  const auto begin = std::chrono::steady_clock::now();
-  r.reset(extent.slots);
-  RecomputeCapture capture(*this, r, extent);
-  {
-    RecomputeDepthGuard depth;
-    TensorList args = recompute_inputs();
-    // A prefire runs on the device's prefire stream; see Note [Stream ordering of prefire].
-    std::optional<PrefireRun> run;
-    if (prefiring) {
-      run.emplace(prefire_device_, args);
-      if (run->in_pool()) r.count_in_pool();
-    }
-    {
-      StateRestoreGuard state(state_);  // See Note [Restoring state for recompute]
-      c10::AutoGradMode grad_mode(true);
-      ContextGuard user = options_.context_fn.recompute ? options_.context_fn.recompute() : nullptr;
-      HookContextScope scope(&capture);
-      try {
-        fn_(args);
-      } catch (const StopRecompute&) {
-      }
-    }
-    if (run) r.set_ready(run->finish());
-  }
-  count_recomputation();
-  if (!capture.stopped() && capture.count() < extent.slots &&
-      options_.determinism_check != DeterminismCheck::kNone) {
-    throw CheckpointError(cat(
-        "prefire::checkpoint: the recomputation saved fewer tensors than forward did (forward saved ",
-        extent.slots, ", recompute ", capture.count(),
-        "): the checkpointed function does not do the same work when called again"));
-  }
-  return RecomputeEvent{kind, session.value_or(-1), begin, std::chrono::steady_clock::now()};
 }
 
 }  // namespace prefire::detail
