@@ -12,9 +12,9 @@
 
 #include "test_support.h"
 
-#include "frame.h"
-#include "session.h"
-#include "state_capture.h"
+#include "checkpoint/frame.h"
+#include "session/session.h"
+#include "checkpoint/state_capture.h"
 
 #include <barrier>
 #include <chrono>
@@ -453,6 +453,36 @@ TEST(Concurrency, ASessionClearedWhileItsPrefireRunsLeavesTheRegistryWhenThePref
   clear_inside = false;
   EXPECT_EQ(detail::session_registry_size(), before) << "the cleared session stayed registered";
   expect_all_equal(grads(y, {x}), grads(x.sin().cos(), {x}));  // lazily, as after any clear
+}
+
+TEST(Concurrency, ABudgetedSessionEndsWhenClearedAndItsBudgetStaysWithTheId) {
+  CheckpointFn fn = [](const TensorList& in) { return TensorList{in[0].sin().cos()}; };  // a charge: cos saves sin's
+  auto x = at::randn({4}).requires_grad_(true);
+  at::Tensor y;
+  std::vector<CheckpointHandle> handles;
+  {
+    HandleCollector collect;
+    y = checkpoint(fn, {x})[0];
+    handles = collect.handles();
+  }
+  const size_t before = detail::session_registry_size();
+  for (SessionId id = 2'100'000; id < 2'101'000; ++id) {  // what a pipeline does per micro-batch and step
+    set_session_budget(id, 0);
+    EXPECT_EQ(prefire(handles[0], id), PrefireStatus::kRefusedOverBudget);
+    clear_session(id);
+  }
+  EXPECT_EQ(detail::session_registry_size(), before) << "cleared budgeted sessions stayed registered";
+  const SessionId id = 2'100'000;
+  EXPECT_EQ(session_stats(id).budget_bytes, 0) << "the budget belongs to the id";
+  EXPECT_EQ(session_stats(id).refused_prefires, 0) << "the session's counters ended with it";
+  EXPECT_EQ(prefire(handles[0], id), PrefireStatus::kRefusedOverBudget) << "the id's next session has the budget";
+  clear_session(id);
+  for (SessionId other = 2'100'000; other < 2'101'000; ++other) set_session_budget(other, std::nullopt);
+  EXPECT_FALSE(session_stats(id).budget_bytes.has_value());
+  EXPECT_EQ(prefire(handles[0], id), PrefireStatus::kRecomputed);
+  clear_session(id);
+  EXPECT_EQ(detail::session_registry_size(), before);
+  expect_all_equal(grads(y, {x}), grads(x.sin().cos(), {x}));
 }
 
 // ---- a stress of the public API ---------------------------------------------------------------

@@ -4,8 +4,18 @@
 // B, W, clear) interleave at random across micro-batches, with random retain
 // flags, budgets, scopes or none, B and W as two autograd passes or as a
 // split backward (backward_input, WeightPass), on random threads, and
-// failures injected into recomputations of prefire and B. For every schedule:
-//   * dx and dw of every micro-batch equal the unchecked model's bit for bit;
+// failures injected into recomputations of prefire and B. Some schedules add
+// an auxiliary head on the activation after the first checkpoint, run
+// between B and W; some hook that activation (a counting register_hook);
+// some run split W passes accumulating into the parameters' grad(), two
+// micro-batches' passes at once on two threads. For every schedule:
+//   * dx and dw of every micro-batch equal the unchecked model's bit for bit,
+//     and so do the auxiliary head's gradients (with two passes) or it raises
+//     naming backward_input (after a split B: Note [Backward through what B
+//     consumed raises]); grad() after accumulating W passes is the sum of
+//     their unchecked gradients;
+//   * the hook runs as often as the passes imply (once for B and W together
+//     in a split backward, as in one plain backward);
 //   * recomputations per micro-batch equal what the schedule implies (a model
 //     of which checkpoints each pass finds resident in its session), or stay
 //     within bounds where an injected failure makes the count depend on where
@@ -19,7 +29,7 @@
 
 #include "test_support.h"
 
-#include "frame.h"
+#include "checkpoint/frame.h"
 
 #include <prefire/split_backward.h>
 
@@ -88,8 +98,13 @@ struct Model {
     return checkpoint(fn, {x}, options)[0];
   }
 
-  at::Tensor forward(at::Tensor x, bool checkpointed) const {
-    for (int item : order) {
+  /// Whether the model has an activation to tap: one after the first item, before the last.
+  bool tappable() const { return order.size() >= 2; }
+
+  /// `tap`, when given and tappable(), receives the activation after the first item.
+  at::Tensor forward(at::Tensor x, bool checkpointed, at::Tensor* tap = nullptr) const {
+    for (size_t i = 0; i < order.size(); ++i) {
+      const int item = order[i];
       if (item < 0) {
         auto [b, e] = plain_ranges[-item - 1];
         x = run_blocks(b, e, x);
@@ -97,9 +112,13 @@ struct Model {
         const Node& node = nodes[top[item]];
         x = checkpointed ? run_node(top[item], x) : run_blocks(node.begin, node.end, x);
       }
+      if (i == 0 && tap != nullptr && tappable()) *tap = x;
     }
     return x;
   }
+
+  /// Checkpoints recomputed by a backward through the tapped activation alone.
+  int before_tap() const { return order[0] >= 0 ? subtree_size(top[order[0]]) : 0; }
 };
 
 size_t build_node(Model& m, std::mt19937_64& rng, size_t begin, size_t end, int depth) {
@@ -121,7 +140,7 @@ size_t build_node(Model& m, std::mt19937_64& rng, size_t begin, size_t end, int 
   return index;
 }
 
-enum class Op { kForward, kPrefire, kAttach, kB, kW, kClear };
+enum class Op { kForward, kPrefire, kAttach, kB, kAux, kW, kClear };
 
 struct Step {
   Op op;
@@ -134,6 +153,8 @@ struct Plan {
   std::vector<std::optional<int64_t>> budget;  // bytes, per micro-batch session
   std::vector<bool> b_scoped, w_scoped, w_retain, b_thread, w_thread, split;
   std::optional<std::pair<Op, int>> inject;  // the first recomputation of this op fails
+  bool hooked = false;      // a counting hook on the tapped activation
+  bool accumulate = false;  // split W passes accumulate into grad(), two at once where two are due
 };
 
 const char* name(Op op) {
@@ -142,6 +163,7 @@ const char* name(Op op) {
     case Op::kPrefire: return "P";
     case Op::kAttach: return "A";
     case Op::kB: return "B";
+    case Op::kAux: return "X";
     case Op::kW: return "W";
     case Op::kClear: return "C";
   }
@@ -161,6 +183,8 @@ std::string describe(const Model& m, const Plan& p) {
         << (p.w_thread[mb] ? " on a thread" : "") << (p.split[mb] ? ", split backward" : "");
   }
   if (p.inject) out << "\n  failure injected into " << name(p.inject->first) << p.inject->second;
+  if (p.hooked) out << "\n  the tapped activation is hooked";
+  if (p.accumulate) out << "\n  split W passes accumulate into grad()";
   return out.str();
 }
 
@@ -187,7 +211,9 @@ Model make_model(std::mt19937_64& rng) {
   return m;
 }
 
-Plan make_plan(std::mt19937_64& rng) {
+// `extra` draws what later versions added (auxiliary heads, hooks,
+// accumulating W passes), so that `rng` draws the same schedules as before.
+Plan make_plan(std::mt19937_64& rng, std::mt19937_64& extra, bool tappable) {
   Plan p;
   p.micro_batches = 1 + rng() % 6;
   const int mbs = p.micro_batches;
@@ -202,6 +228,7 @@ Plan make_plan(std::mt19937_64& rng) {
       middle.insert(coin(4) ? middle.end() : middle.begin(), reg);  // mostly before B
     }
     ops.insert(ops.end(), middle.begin(), middle.end());
+    if (tappable && extra() % 3 == 0) ops.push_back(Op::kAux);
     ops.push_back(Op::kW);
     if (coin(4)) ops.insert(ops.begin() + 1 + rng() % (ops.size() - 1), Op::kClear);  // an early clear
     ops.push_back(Op::kClear);
@@ -225,6 +252,8 @@ Plan make_plan(std::mt19937_64& rng) {
     const int mb = ready[rng() % ready.size()];
     p.steps.push_back({per_mb[mb][next[mb]++], mb});
   }
+  p.hooked = tappable && extra() % 2 == 0;
+  p.accumulate = extra() % 3 == 0;
   if (coin(5)) {
     std::vector<Step> candidates;
     for (const auto& s : p.steps) {
@@ -247,11 +276,14 @@ struct Residency {
 
 struct MicroBatch {
   at::Tensor x, gy, y;
+  at::Tensor gaux, aux;  // the auxiliary head's seed and loss (aux: undefined without one)
+  TensorList daux_ref;   // its unchecked gradients: dx, then dw
   WeightPass weight_pass;  // split backward: made by B, run by W
   TensorList dx_ref, dw_ref, dx, dw;
   std::vector<CheckpointHandle> handles;  // one per top-level checkpoint, in order
   Residency state;
   int64_t recomputations = 0, expected = 0, bound = 0;  // bound: the most allowed when not exact
+  int hook_calls = 0, expected_hook_calls = 0;
 };
 
 /// Runs `f` on a new pinned thread or here.
@@ -271,8 +303,9 @@ void on_thread(bool thread, const std::function<void()>& f) {
 /// Runs one schedule; returns an empty string or what went wrong.
 std::string run_schedule(uint64_t seed, bool verbose) {
   std::mt19937_64 rng(seed);
+  std::mt19937_64 extra(seed ^ 0x9e3779b97f4a7c15ULL);
   Model model = make_model(rng);
-  Plan plan = make_plan(rng);
+  Plan plan = make_plan(rng, extra, model.tappable());
   if (verbose) std::printf("seed %llu: %s\n", static_cast<unsigned long long>(seed), describe(model, plan).c_str());
   std::atomic<int> armed{0};
   model.armed = &armed;
@@ -288,8 +321,13 @@ std::string run_schedule(uint64_t seed, bool verbose) {
     at::manual_seed(seed * 31 + i);
     mb.x = at::randn({model.batch, model.seq, model.dim}).requires_grad_(true);
     mb.gy = at::randn({model.batch, model.seq, model.dim});
+    mb.gaux = at::randn({model.batch, model.seq, model.dim});
     at::manual_seed(seed * 31 + 1000 + i);
-    at::Tensor y = model.forward(mb.x, /*checkpointed=*/false);
+    at::Tensor tap;
+    at::Tensor y = model.forward(mb.x, /*checkpointed=*/false, &tap);
+    if (tap.defined()) {
+      mb.daux_ref = torch::autograd::grad({(tap * mb.gaux).sum()}, concat({mb.x}, params), {}, true, false, true);
+    }
     mb.dx_ref = torch::autograd::grad({y}, {mb.x}, {mb.gy}, true);
     mb.dw_ref = torch::autograd::grad({y}, params, {mb.gy}, false, false, true);
     mb.state.registered.assign(model.top.size(), false);
@@ -302,19 +340,38 @@ std::string run_schedule(uint64_t seed, bool verbose) {
   auto size_of = [&](size_t top_index) { return model.subtree_size(model.top[top_index]); };
 
   // A pass recomputes every checkpoint its scope does not find resident, once.
-  auto pass = [&](MicroBatch& mb, bool scoped, int64_t count) {
+  auto implied_by_pass = [&](MicroBatch& mb, bool scoped) {
     int64_t implied = 0;
     for (size_t t = 0; t < model.top.size(); ++t) {
       const bool served = scoped && mb.state.registered[t];
       if (!(served && mb.state.resident[t])) implied += size_of(t);
       if (served) mb.state.resident[t] = true;
     }
-    mb.expected += implied;
+    return implied;
+  };
+  auto pass = [&](MicroBatch& mb, bool scoped, int64_t count) {
+    mb.expected += implied_by_pass(mb, scoped);
     mb.bound += total_checkpoints;
     mb.recomputations += count;
   };
+  // One W pass of micro-batch `i`; `accumulate`: into grad() too.
+  auto run_w = [&](int i, bool accumulate) {
+    MicroBatch& mb = mbs[i];
+    std::optional<SessionScope> scope;
+    if (plan.w_scoped[i]) scope.emplace(session(i), SessionOptions{plan.w_retain[i]});
+    mb.dw = plan.split[i] ? mb.weight_pass.run(accumulate)
+                          : torch::autograd::grad({mb.y}, params, {mb.gy}, false, false, true);
+  };
+  // The tapped activation's hook runs in every pass through it but W after
+  // a split B, which ran it (Note [Hooks run once across B and W]).
+  auto hook_runs = [&](MicroBatch& mb) {
+    if (plan.hooked) ++mb.expected_hook_calls;
+  };
 
-  for (const Step& step : plan.steps) {
+  std::vector<bool> done(plan.steps.size(), false);  // a W run early, beside another's
+  for (size_t index = 0; index < plan.steps.size(); ++index) {
+    if (done[index]) continue;
+    const Step& step = plan.steps[index];
     MicroBatch& mb = mbs[step.mb];
     const bool inject = plan.inject && plan.inject->first == step.op && plan.inject->second == step.mb;
     armed = inject ? 1 : 0;
@@ -324,8 +381,13 @@ std::string run_schedule(uint64_t seed, bool verbose) {
       case Op::kForward: {
         at::manual_seed(seed * 31 + 1000 + step.mb);
         HandleCollector collect;
-        mb.y = model.forward(mb.x, /*checkpointed=*/true);
+        at::Tensor tap;
+        mb.y = model.forward(mb.x, /*checkpointed=*/true, &tap);
         mb.handles = collect.handles();
+        if (tap.defined()) {
+          mb.aux = (tap * mb.gaux).sum();
+          if (plan.hooked) tap.register_hook([&mb](const at::Tensor&) { ++mb.hook_calls; });
+        }
         if (mb.handles.size() != model.top.size()) fail("the collector gathered other than the outermost checkpoints");
         break;
       }
@@ -363,6 +425,7 @@ std::string run_schedule(uint64_t seed, bool verbose) {
       case Op::kB: {
         const bool scoped = plan.b_scoped[step.mb];
         for (int attempt = 0; attempt < 2; ++attempt) {
+          hook_runs(mb);
           try {
             std::optional<SessionScope> scope;
             if (scoped) scope.emplace(session(step.mb), SessionOptions{/*retain_on_unpack=*/true});
@@ -384,18 +447,105 @@ std::string run_schedule(uint64_t seed, bool verbose) {
         pass(mb, scoped, recomputed());
         break;
       }
-      case Op::kW: {
-        const bool scoped = plan.w_scoped[step.mb];
-        {
-          std::optional<SessionScope> scope;
-          if (scoped) scope.emplace(session(step.mb), SessionOptions{plan.w_retain[step.mb]});
-          on_thread(plan.w_thread[step.mb], [&] {
-            mb.dw = plan.split[step.mb] ? mb.weight_pass.run()
-                                        : torch::autograd::grad({mb.y}, params, {mb.gy}, false, false, true);
-          });
+      case Op::kAux: {
+        // Unscoped: recomputes the checkpoints before the tap per graph task.
+        // After a split B it must raise before it runs a node of the input part.
+        hook_runs(mb);
+        try {
+          TensorList got = torch::autograd::grad({mb.aux}, concat({mb.x}, params), {}, /*retain_graph=*/true,
+                                                 false, /*allow_unused=*/true);
+          if (plan.split[step.mb]) {
+            fail("micro-batch " + std::to_string(step.mb) + ": an auxiliary head through what a split B consumed ran");
+          }
+          for (size_t g = 0; g < got.size(); ++g) {
+            const at::Tensor& want = mb.daux_ref[g];
+            if (got[g].defined() != want.defined() || (want.defined() && !at::equal(got[g], want))) {
+              fail("micro-batch " + std::to_string(step.mb) + ": auxiliary head gradient " + std::to_string(g) +
+                   " differs from the unchecked model's");
+              break;
+            }
+          }
+          mb.expected += model.before_tap();
+        } catch (const std::exception& e) {
+          if (!plan.split[step.mb] || std::string(e.what()).find("backward_input") == std::string::npos) {
+            fail("micro-batch " + std::to_string(step.mb) + ": the auxiliary head raised: " + e.what());
+          }
         }
-        pass(mb, scoped, recomputed());
+        mb.bound += total_checkpoints;
+        mb.recomputations += recomputed();
+        break;
+      }
+      case Op::kW: {
+        const int i = step.mb;
+        const bool accumulate = plan.accumulate && plan.split[i];
+        // With accumulate, another split micro-batch whose next step is its W runs it now, beside this one.
+        std::optional<int> partner;
+        for (size_t later = index + 1; accumulate && later < plan.steps.size() && !partner; ++later) {
+          const Step& s = plan.steps[later];
+          if (done[later] || s.mb == i || !plan.split[s.mb]) continue;
+          bool next_of_its_mb = true;
+          for (size_t k = index + 1; k < later; ++k) next_of_its_mb = next_of_its_mb && plan.steps[k].mb != s.mb;
+          if (next_of_its_mb && s.op == Op::kW) {
+            partner = s.mb;
+            done[later] = true;
+          }
+        }
+        if (accumulate) {
+          for (const auto& p : params) p.mutable_grad() = at::Tensor();
+        }
+        if (partner) {
+          // Two W passes at once, each on a thread of its own (a thread opens one SessionScope at a time).
+          std::exception_ptr errors[2];
+          std::thread threads[2];
+          const int both[2] = {i, *partner};
+          for (int t = 0; t < 2; ++t) {
+            threads[t] = pinned_thread([&, t] {
+              try {
+                run_w(both[t], /*accumulate=*/true);
+              } catch (...) {
+                errors[t] = std::current_exception();
+              }
+            });
+          }
+          for (auto& thread : threads) thread.join();
+          for (const auto& error : errors) {
+            if (error) std::rethrow_exception(error);
+          }
+        } else {
+          on_thread(plan.w_thread[i], [&] { run_w(i, accumulate); });
+        }
+        // The recomputations of both passes count for this micro-batch.
+        mb.expected += implied_by_pass(mb, plan.w_scoped[i]);
+        mb.bound += total_checkpoints;
+        if (partner) {
+          MicroBatch& other = mbs[*partner];
+          mb.expected += implied_by_pass(other, plan.w_scoped[*partner]);
+          mb.bound += total_checkpoints;
+          mb.state.exact = mb.state.exact && other.state.exact;
+          other.y.reset();
+          other.aux.reset();
+        }
+        mb.recomputations += recomputed();
+        if (!plan.split[i]) hook_runs(mb);
+        if (accumulate) {
+          for (size_t g = 0; g < params.size(); ++g) {
+            at::Tensor want = mb.dw_ref[g];
+            if (partner) {
+              const at::Tensor& more = mbs[*partner].dw_ref[g];
+              want = !want.defined() ? more : more.defined() ? want + more : want;
+            }
+            const at::Tensor& got = params[g].grad();
+            if (got.defined() != want.defined() || (want.defined() && !at::equal(got, want))) {
+              fail("micro-batch " + std::to_string(i) + (partner ? " and " + std::to_string(*partner) : "") +
+                   ": grad() of parameter " + std::to_string(g) + " after accumulating W passes is not the sum of "
+                   "their unchecked gradients");
+              break;
+            }
+          }
+          for (const auto& p : params) p.mutable_grad() = at::Tensor();
+        }
         mb.y.reset();  // the W pass freed the graph; nothing may still hold it
+        mb.aux.reset();
         break;
       }
       case Op::kClear:
@@ -427,6 +577,10 @@ std::string run_schedule(uint64_t seed, bool verbose) {
     if (!mb.state.exact && mb.recomputations > mb.bound) {
       fail("micro-batch " + std::to_string(i) + ": " + std::to_string(mb.recomputations) +
            " recomputations, more than the bound " + std::to_string(mb.bound));
+    }
+    if (mb.state.exact && mb.hook_calls != mb.expected_hook_calls) {
+      fail("micro-batch " + std::to_string(i) + ": the tapped activation's hook ran " + std::to_string(mb.hook_calls) +
+           " times where the passes imply " + std::to_string(mb.expected_hook_calls));
     }
     if (session_stats(session(i)).current_bytes != 0) fail("a cleared session holds bytes");
   }

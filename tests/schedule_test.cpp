@@ -210,7 +210,7 @@ TEST(Schedule, SameIdReusedOnNextIterationAfterClear) {
     clear_session(20);
     EXPECT_EQ(session_stats(20).current_bytes, 0);
     EXPECT_EQ(session_stats(20).checkpoints, 0);
-    EXPECT_EQ(session_stats(20).prefires, 0) << "a cleared session without a budget ends";
+    EXPECT_EQ(session_stats(20).prefires, 0) << "a cleared session ends";
   }
 }
 

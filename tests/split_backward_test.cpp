@@ -341,6 +341,25 @@ TEST(SplitBackward, AnotherHeadThroughTheInputPartAfterBRaisesInsteadOfLosingIts
   expect_all_equal(w.run(), expected);  // W is intact
 }
 
+TEST(SplitBackward, AnotherHeadsGradWithInputsThroughTheInputPartRaisesInsteadOfAWrongGradient) {
+  auto x = at::randn({4, 8}).requires_grad_(true);
+  auto w1 = param({8, 8});
+  auto w2 = param({8, 8});
+  auto h = at::linear(x, w1);
+  auto y = at::linear(h.sin(), w2);
+  auto aux = (h.sin() * 3 + x).sum();  // reaches x directly too: along that edge it still has a gradient
+  auto gy = at::randn({4, 8});
+  auto expected = torch::autograd::grad({y}, {w1, w2}, {gy}, /*retain_graph=*/true);
+  auto aux_dw1 = torch::autograd::grad({aux}, {w1}, {}, /*retain_graph=*/true);
+  auto [dx, w] = backward_input({y}, {gy}, {x}, {w1, w2});
+  // before: the engine saw the cut edge lead nowhere and returned dx along x's own edge alone, without a word
+  EXPECT_THAT(message_of<std::exception>([&] { torch::autograd::grad({aux}, {x}, {}, /*retain_graph=*/true); }),
+              HasSubstr("a backward reached the input part of a graph that backward_input() already ran"));
+  // h's own weight is reached without a cut edge: exact
+  expect_all_equal(torch::autograd::grad({aux}, {w1}, {}, /*retain_graph=*/true), aux_dw1);
+  expect_all_equal(w.run(), expected);
+}
+
 TEST(SplitBackward, TensorHooksAndRetainGradRunOnceAsInOnePlainBackward) {
   const TensorList w = {param({8, 8}), param({8, 8}), param({8, 8})};
   at::manual_seed(12);
