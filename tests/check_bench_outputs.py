@@ -44,6 +44,9 @@ def main(bench: str) -> int:
         assert by["session"]["recomputes_per_step"] == 2 * 2
         assert by["graph-task"]["peak_held_bytes"] < by["none"]["peak_held_bytes"]
         assert by["none"]["held_b_to_w_bytes"] is None  # no session: not measured
+        for label in (l for l in MODES if l.startswith("budget")):  # a refused checkpoint recomputes in B and W
+            m = by[label]
+            assert m["recomputes_per_step"] == by["prefire"]["recomputes_per_step"] + m["refused_prefires_per_step"], m
         for label in ("session", "prefire"):  # after B a session keeps only what W unpacks
             assert 0 < by[label]["held_b_to_w_bytes"] < by[label]["peak_session_bytes"], by[label]
             assert 0 < by[label]["held_b_to_w_fraction"] < 1, by[label]

@@ -138,11 +138,6 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
   if (mode == Mode::kBudget) {
     for (int mb = 0; mb < mbs; ++mb) prefire::set_session_budget(session(mb), budget_bytes);
   }
-  auto refused = [&] {
-    int64_t n = 0;
-    for (int mb = 0; mb < mbs; ++mb) n += prefire::session_stats(session(mb)).refused_prefires;
-    return n;
-  };
   int64_t recomputations_measured = 0, refused_measured = 0;
   std::vector<double> forward_per_mb, b_per_mb, w_per_mb;  // ms, per measured step
   const auto opts = at::TensorOptions().device(config.device).dtype(config.model.dtype);
@@ -161,7 +156,7 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
     synchronize(config.device);
     prefire::reset_runtime_peak();
     const int64_t recomputations_before = prefire::runtime_stats().recomputations;
-    const int64_t refused_before = refused();
+    int64_t refused = 0;  // prefires the budget refused this step, read before each session's clear ends it
     const auto start = Clock::now();
 
     std::vector<std::vector<prefire::CheckpointHandle>> handles(mbs);
@@ -217,8 +212,9 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
               }
             });
             if (uses_sessions(mode)) {
-              result.peak_session_bytes =
-                  std::max(result.peak_session_bytes, prefire::session_stats(session(mb)).peak_bytes);
+              const auto stats = prefire::session_stats(session(mb));
+              result.peak_session_bytes = std::max(result.peak_session_bytes, stats.peak_bytes);
+              refused += stats.refused_prefires;
               phase(trace, "clear", mb, [&, mb = mb] { prefire::clear_session(session(mb)); });
             }
             break;
@@ -238,7 +234,7 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
         w_per_mb.push_back(w_ms / mbs);
         result.peak_held_bytes = std::max(result.peak_held_bytes, prefire::runtime_stats().peak_held_bytes);
         recomputations_measured += prefire::runtime_stats().recomputations - recomputations_before;
-        refused_measured += refused() - refused_before;
+        refused_measured += refused;
         TensorList grads = dx;
         grads.insert(grads.end(), dw.begin(), dw.end());
         if (reference == nullptr) {
