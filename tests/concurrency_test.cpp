@@ -432,6 +432,13 @@ TEST(Concurrency, SessionRegistryStaysBoundedOverManyDistinctIds) {
   EXPECT_LE(largest, before + 2 * 64 + 1) << "sessions that hold nothing stay in the registry";
 }
 
+/// One collected checkpoint of `fn` on `x`: its output and its handle.
+std::pair<at::Tensor, CheckpointHandle> collected(const CheckpointFn& fn, const at::Tensor& x) {
+  HandleCollector collect;
+  at::Tensor y = checkpoint(fn, {x})[0];
+  return {y, collect.handles().at(0)};
+}
+
 TEST(Concurrency, ASessionClearedWhileItsPrefireRunsLeavesTheRegistryWhenThePrefireEnds) {
   const SessionId id = 2'000'000;
   bool clear_inside = false;
@@ -440,13 +447,8 @@ TEST(Concurrency, ASessionClearedWhileItsPrefireRunsLeavesTheRegistryWhenThePref
     return TensorList{in[0].sin().cos()};  // cos saves what sin computed: the prefire has a charge
   };
   auto x = at::randn({4}).requires_grad_(true);
-  at::Tensor y;
-  std::vector<CheckpointHandle> handles;
-  {
-    HandleCollector collect;
-    y = checkpoint(fn, {x})[0];
-    handles = collect.handles();
-  }
+  auto [y, handle] = collected(fn, x);
+  const std::vector<CheckpointHandle> handles{handle};
   const size_t before = detail::session_registry_size();
   clear_inside = true;
   EXPECT_EQ(prefire(handles[0], id), PrefireStatus::kRecomputed);
@@ -458,13 +460,8 @@ TEST(Concurrency, ASessionClearedWhileItsPrefireRunsLeavesTheRegistryWhenThePref
 TEST(Concurrency, ABudgetedSessionEndsWhenClearedAndItsBudgetStaysWithTheId) {
   CheckpointFn fn = [](const TensorList& in) { return TensorList{in[0].sin().cos()}; };  // a charge: cos saves sin's
   auto x = at::randn({4}).requires_grad_(true);
-  at::Tensor y;
-  std::vector<CheckpointHandle> handles;
-  {
-    HandleCollector collect;
-    y = checkpoint(fn, {x})[0];
-    handles = collect.handles();
-  }
+  auto [y, handle] = collected(fn, x);
+  const std::vector<CheckpointHandle> handles{handle};
   const size_t before = detail::session_registry_size();
   for (SessionId id = 2'100'000; id < 2'101'000; ++id) {  // what a pipeline does per micro-batch and step
     set_session_budget(id, 0);

@@ -43,11 +43,11 @@
 #include <c10/core/AutogradState.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <sstream>
 
 namespace prefire::detail {
 
@@ -117,13 +117,6 @@ const c10::SafePyObject* current_graph_exec_group() {
   return graph_exec_group_of(c10::AutogradState::get_tls_state(), 0);
 }
 
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
-
 }  // namespace
 
 // ---- Frame: forward -------------------------------------------------------------
@@ -149,11 +142,10 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
   if (options_.determinism_check == DeterminismCheck::kChecksum) metadata.checksum = tensor_checksum(tensor);
   // See Note [Counting saved bytes]: parameters and inputs are aliases. An
   // input it saves is counted apart: keeping the block would hold it.
-  const bool activation = tensor.has_storage() && !aliases_a_leaf(tensor);
+  const bool activation = is_activation(tensor);
   const bool counted = activation && forward_uncounted_.count(tensor.storage().unsafeGetStorageImpl()) == 0;
   if (activation) {
-    const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-    if (const int64_t nbytes = forward_census_.add(storage, static_cast<int64_t>(tensor.storage().nbytes()))) {
+    if (const int64_t nbytes = forward_census_.add(tensor.storage())) {
       (counted ? expected_bytes_ : saved_input_bytes_) += nbytes;
       if (counted) forward_pins_.push_back(tensor.storage().getWeakStorageImpl());
     }
@@ -364,25 +356,25 @@ at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional
   std::optional<at::Tensor> t = session && !retain ? r.take_for_pass(slot) : r.take(slot, retain);
   if (!t) {
     if (session) {
-      throw CheckpointError(cat(
+      throw CheckpointError(c10::str(
           "prefire: saved tensor ", slot, " of a checkpoint in session ", *session,
           " was unpacked again after an unpack released it (retain_on_unpack=false). Open the SessionScope of "
           "every pass but the last with retain_on_unpack=true"));
     }
     if (in_group) {
-      throw CheckpointError(cat(
+      throw CheckpointError(c10::str(
           "prefire::checkpoint: saved tensor ", slot, " of a checkpoint was unpacked a second time inside one "
           "torch.utils.checkpoint.GraphExecGroup: performing two backward calls that overlap (that need the same "
           "saved tensor) is not allowed in one group. Run them in separate groups, or share the recomputation "
           "through a prefire session"));
     }
-    throw CheckpointError(cat(
+    throw CheckpointError(c10::str(
         "prefire::checkpoint: saved tensor ", slot, " of a checkpoint was unpacked a second time in this backward; "
         "a recomputed tensor is handed out once per backward. Read saved tensors once per backward "
         "(e.g. keep the result of get_saved_variables() instead of calling it twice)"));
   }
   if (!t->defined()) {
-    throw CheckpointError(cat(
+    throw CheckpointError(c10::str(
         "prefire::checkpoint: saved tensor ", slot, " was not produced by the recomputation (it saved fewer "
         "tensors than forward, and determinism_check = none let that pass)"));
   }
@@ -397,8 +389,8 @@ std::pair<std::shared_ptr<Registration>, bool> Frame::register_to(const std::sha
   if (registered_) {
     if (registered_->session == session) return {registered_, false};
     const SessionId other = registered_->session->id;
-    throw CheckpointError(cat("prefire: this checkpoint is registered to session ", other, "; clear_session(", other,
-                              ") before registering it to session ", session->id));
+    throw CheckpointError(c10::str("prefire: this checkpoint is registered to session ", other, "; clear_session(",
+                                   other, ") before registering it to session ", session->id));
   }
   registered_ = std::make_shared<Registration>(session);
   return {registered_, true};

@@ -79,8 +79,7 @@ void Recomputation::store(size_t slot, at::Tensor tensor, bool counted) {
   std::lock_guard<std::mutex> lock(mu_);
   drop_locked(slot);
   if (counted && tensor.has_storage()) {
-    const auto nbytes = census_.add(tensor.storage().unsafeGetStorageImpl(), static_cast<int64_t>(tensor.storage().nbytes()));
-    if (nbytes > 0) {
+    if (const int64_t nbytes = census_.add(tensor.storage())) {
       global_recomputed_bytes().add(nbytes);
       global_held_bytes().add(nbytes);
       if (owner_) owner_->add(nbytes);
@@ -127,8 +126,7 @@ void Recomputation::drop_locked(size_t slot) noexcept {
   at::Tensor& t = tensors_[slot];
   if (!t.defined()) return;
   if (counted_[slot]) {
-    const auto nbytes = census_.remove(t.storage().unsafeGetStorageImpl(), static_cast<int64_t>(t.storage().nbytes()));
-    if (nbytes > 0) {
+    if (const int64_t nbytes = census_.remove(t.storage())) {
       global_recomputed_bytes().sub(nbytes);
       global_held_bytes().sub(nbytes);
       if (owner_) owner_->sub(nbytes);

@@ -25,20 +25,13 @@
 #include "profiling/nvtx.h"
 
 #include <c10/core/GradMode.h>
+#include <c10/util/StringUtil.h>
 
 #include <chrono>
 #include <mutex>
-#include <sstream>
 
 namespace prefire::detail {
 namespace {
-
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
 
 // What the recomputation's own graph keeps: the tensor itself (that graph is
 // dropped when the recomputation returns).
@@ -93,7 +86,7 @@ bool RecomputeCapture::store(size_t index, const at::Tensor& tensor) {
   if (index >= extent_.slots) {
     if (options.early_stop) return true;  // See Note [Early stop]: nothing after forward's count is unpacked
     if (check) {
-      throw CheckpointError(cat(
+      throw CheckpointError(c10::str(
           "prefire::checkpoint: the recomputation saved more tensors than forward did (forward saved ",
           extent_.slots, "; recompute is saving tensor ", index + 1,
           "): the checkpointed function does not do the same work when called again"));
@@ -104,7 +97,7 @@ bool RecomputeCapture::store(size_t index, const at::Tensor& tensor) {
   if (check) {
     const SlotMetadata& forward = slots.metadata(index);
     if (!forward.matches(tensor)) {
-      throw CheckpointError(cat(
+      throw CheckpointError(c10::str(
           "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", extent_.slots,
           ") differs between forward and recomputation: forward ", forward.to_string(), ", recompute ",
           SlotMetadata::of(tensor).to_string(),
@@ -114,7 +107,7 @@ bool RecomputeCapture::store(size_t index, const at::Tensor& tensor) {
     if (forward.checksum) {
       const uint64_t recomputed_sum = tensor_checksum(tensor);
       if (recomputed_sum != *forward.checksum) {
-        throw CheckpointError(cat(
+        throw CheckpointError(c10::str(
             "prefire::checkpoint: saved tensor ", index, " (slot ", index, " of ", extent_.slots,
             ") has other values in the recomputation than in forward: checksum 0x", std::hex, *forward.checksum,
             " at forward, 0x", recomputed_sum, std::dec, " at recompute, ", forward.to_string(),
@@ -177,7 +170,7 @@ RecomputeEvent recompute(const RecomputeSource& source, Recomputation& r, Recomp
   count_recomputation();
   if (!capture.stopped() && capture.count() < extent.slots &&
       source.options.determinism_check != DeterminismCheck::kNone) {
-    throw CheckpointError(cat(
+    throw CheckpointError(c10::str(
         "prefire::checkpoint: the recomputation saved fewer tensors than forward did (forward saved ",
         extent.slots, ", recompute ", capture.count(),
         "): the checkpointed function does not do the same work when called again"));

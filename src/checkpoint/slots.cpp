@@ -1,6 +1,6 @@
 #include "checkpoint/slots.h"
 
-#include <sstream>
+#include <c10/util/StringUtil.h>
 
 namespace prefire::detail {
 
@@ -17,9 +17,7 @@ bool SlotMetadata::matches(const at::Tensor& t) const {
 }
 
 std::string SlotMetadata::to_string() const {
-  std::ostringstream out;
-  out << "{shape " << c10::IntArrayRef(sizes) << ", dtype " << dtype << ", device " << device << "}";
-  return out.str();
+  return c10::str("{shape ", c10::IntArrayRef(sizes), ", dtype ", dtype, ", device ", device, "}");
 }
 
 size_t SlotTable::add(SlotMetadata metadata, bool counted) {

@@ -52,9 +52,6 @@ class MeterContext final : public HookContext, public std::enable_shared_from_th
 
 namespace {
 
-// Parameters exist whether or not autograd saves them: not activation memory.
-bool counts(const at::Tensor& t) { return t.has_storage() && !aliases_a_leaf(t); }
-
 // Holds the saved tensor (an alias without autograd metadata: an output
 // saved by its own node would otherwise hold that node in a cycle; see Note
 // [Aliases of recomputed tensors] in checkpoint/recompute.cpp) and repeats autograd's
@@ -66,8 +63,8 @@ class MeteredTensor final : public PackedTensor {
       : meter_(std::move(meter)),
         tensor_(t.tensor_data()),
         version_(t._version()),
-        storage_(counts(t) ? t.storage().unsafeGetStorageImpl() : nullptr),
-        nbytes_(t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0) {
+        storage_(is_activation(t) ? t.storage().unsafeGetStorageImpl() : nullptr),
+        nbytes_(t.has_storage() ? StorageCensus::nbytes_of(t.storage()) : 0) {
     meter_->add(storage_, nbytes_);
   }
   ~MeteredTensor() override { meter_->remove(storage_, nbytes_); }

@@ -2,7 +2,7 @@
 // What a checkpoint saves is not all new memory: parameters the function
 // captures (leaves that require grad, and views of them such as the
 // transposed weight a linear saves) and the checkpoint's own inputs are saved
-// as aliases of tensors that live anyway (aliases_a_leaf). Only the other
+// as aliases of tensors that live anyway (is_activation says no). Only the other
 // storages count, once per storage however many saved tensors alias it
 // (StorageCensus), from the moment the first of them is held until the last
 // is let go. Three counts follow the one rule:
@@ -58,10 +58,10 @@ ByteGauge& global_held_bytes() {
   return gauge;
 }
 
-bool aliases_a_leaf(const at::Tensor& t) {
+bool is_activation(const at::Tensor& t) {
+  if (!t.has_storage()) return false;
   auto is_leaf_requiring_grad = [](const at::TensorBase& x) { return x.is_leaf() && x.requires_grad(); };
-  if (is_leaf_requiring_grad(t)) return true;
-  return t.is_view() && is_leaf_requiring_grad(t._base());
+  return !is_leaf_requiring_grad(t) && !(t.is_view() && is_leaf_requiring_grad(t._base()));
 }
 
 int64_t StorageCensus::add(const c10::StorageImpl* storage, int64_t nbytes) {

@@ -7,16 +7,17 @@
 // micro-batch, shared by B and W like its parent: while a prefire of session S
 // runs on this thread, a nested checkpoint's inputs (saved tensors of its
 // parent) are served from the parent's recomputation in S
-// (ThreadState::prefiring, hooks/thread_state.h). Checkpoints created while a recomputation runs belong to that
-// recomputation's throw-away graph and are neither collected nor nested.
+// (ThreadState::prefiring, hooks/thread_state.h). Checkpoints created while
+// a recomputation runs belong to that recomputation's throw-away graph and
+// are neither collected nor nested.
 
 #include <prefire/errors.h>
 #include <prefire/schedule.h>
 
 #include "checkpoint/frame.h"
+#include "checkpoint/handle_collector.h"
 #include "hooks/thread_state.h"
 #include "profiling/nvtx.h"
-#include "checkpoint/handle_collector.h"
 #include "session/session.h"
 
 #include <stdexcept>

@@ -83,7 +83,7 @@ class Session {
   std::mutex mu;  // guards the fields below
   std::vector<std::weak_ptr<Frame>> frames;  // registered checkpoints, nested ones included
   bool scope_open = false;
-  std::optional<int64_t> budget;  // bytes
+  std::optional<int64_t> budget;  // bytes: the registry's budget of this id, copied to be read under `mu`
   int64_t charged = 0;            // bytes: forward bytes of prefires running now; see Note [Session budgets]
   bool ended = false;             // left the registry; see Note [Session registry]
 

@@ -37,7 +37,8 @@
 // part). W begins by making the consumed nodes dead ends: W needs none of
 // the cut edges (its gradients along them went to I in B), nor does a
 // backward towards parameters reached without a cut edge (autograd.grad(h,
-// w) of the intermediate's own weight), which gets its exact gradients. (Other nodes of I run as in any second
+// w) of the intermediate's own weight), which gets its exact gradients.
+// (Other nodes of I run as in any second
 // backward: those whose saved tensors B released raise torch's own error.)
 // Exact gradients along the cut edges would need I kept alive until W, which
 // is the memory the split frees (Note [Memory that follows the passes]).
@@ -201,8 +202,9 @@ struct ConsumedByBackwardInput final : Node {
   }
   std::string name() const override { return "prefire::ConsumedByBackwardInput"; }
   /// An input like the one `edge` led to (its metadata, which the engine
-  /// checks the gradient against), and an edge on to it. Before the node
-  /// has parents (Node::add_next_edge keeps the topological numbering).
+  /// checks the gradient against), and an edge on to it. The node's parents
+  /// link to it by assignment, so it never counts as having one
+  /// (Node::add_next_edge refuses nodes that do: topological numbering).
   uint32_t add_input_like(const Edge& edge) {
     input_metadata_.push_back(edge.function->input_metadata(edge.input_nr));
     add_next_edge(edge);
@@ -471,18 +473,16 @@ SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_o
   // removing one cannot.
   // See Note [Backward through what B consumed raises].
   for (Node* node : ordered_intermediates) {
+    const NodeRef consumed = detail::make_node<detail::ConsumedByBackwardInput>();
     std::vector<size_t> cut;
     for (size_t e = 0; e < node->num_outputs(); ++e) {
-      const Edge& next = node->next_edges()[e];
-      if (next.is_valid() && w_part.count(next.function.get()) == 0) cut.push_back(e);
+      Edge& next = node->next_edges()[e];
+      if (next.is_valid() && w_part.count(next.function.get()) == 0) {
+        next = Edge(consumed, static_cast<detail::ConsumedByBackwardInput&>(*consumed).add_input_like(next));
+        cut.push_back(e);
+      }
     }
     if (cut.empty()) continue;
-    // The consumed node gets its edges before it has a parent; see ConsumedByBackwardInput.
-    const NodeRef consumed = detail::make_node<detail::ConsumedByBackwardInput>();
-    auto& leads_on = static_cast<detail::ConsumedByBackwardInput&>(*consumed);
-    std::vector<uint32_t> inputs;
-    for (size_t e : cut) inputs.push_back(leads_on.add_input_like(node->next_edges()[e]));
-    for (size_t i = 0; i < cut.size(); ++i) node->next_edges()[cut[i]] = Edge(consumed, inputs[i]);
     state->consumed.push_back(consumed);
     node->add_pre_hook(std::make_unique<detail::CutEdgesGuard>(node, std::move(cut)));
   }
