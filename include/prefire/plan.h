@@ -8,10 +8,15 @@
 // programs and the Python package. See Note [What a plan holds] in
 // src/memory/plan.cpp.
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace prefire {
+
+/// Up to this many blocks, Release::kAtStepEnd plans are chosen by trying
+/// every keep/checkpoint choice (Note [Choosing a plan]).
+inline constexpr size_t kExhaustiveBlocks = 16;
 
 /// What one block costs, as a step that checkpointed it measured.
 struct BlockCost {
@@ -19,6 +24,8 @@ struct BlockCost {
   int64_t input_bytes = 0;        // bytes: what a checkpoint of it holds instead (its inputs)
   double recompute_seconds = 0;   // seconds: one recomputation of it (its forward)
   int64_t in_flight = 1;          // micro-batches whose forward it holds at once (1 without a pipeline)
+  int64_t group = -1;             // blocks of one group are recomputed by one pass together (a pipeline
+                                  // stage's blocks: its B holds them all for W); -1: a group of its own
 };
 
 /// When a step lets go of what a block holds (Note [What a plan holds]).
@@ -36,14 +43,15 @@ struct Plan {
 
 /// Bytes the plan `checkpointed` holds at most with `prefire_ahead` blocks
 /// prefired (Note [What a plan holds]). Throws std::invalid_argument on
-/// sizes that differ, a negative cost, or in_flight above 1 with
-/// Release::kInBackward (one backward pass holds one micro-batch).
+/// sizes that differ, a negative cost, or in_flight above 1 or a group with
+/// Release::kInBackward (one backward pass of one micro-batch, one block at a time).
 int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed,
                    int64_t prefire_ahead = 0, Release release = Release::kAtStepEnd);
 
 /// The least any plan holds (nothing prefired): the bound plan_for_budget()
-/// refuses below. For Release::kInBackward, the least among the plans that
-/// keep every block above a size and checkpoint the others (Note [Choosing a plan]).
+/// refuses below. Exact up to kExhaustiveBlocks blocks with Release::kAtStepEnd;
+/// otherwise the least among the plans that keep every block above a size and
+/// checkpoint the others (Note [Choosing a plan]).
 int64_t least_plan_bytes(const std::vector<BlockCost>& blocks, Release release = Release::kAtStepEnd);
 
 /// The plan that recomputes least within `budget_bytes`, then prefires as far

@@ -52,11 +52,13 @@ class _SavedTensorMeter:
     def saved_tensors(self) -> int: ...
 
 class BlockCost:
-    def __init__(self, saved_bytes: int, input_bytes: int, recompute_seconds: float, in_flight: int = 1) -> None: ...
+    def __init__(self, saved_bytes: int, input_bytes: int, recompute_seconds: float, in_flight: int = 1,
+                 group: int = -1) -> None: ...
     saved_bytes: int
     input_bytes: int
     recompute_seconds: float
     in_flight: int
+    group: int
 
 class Plan:
     checkpointed: List[bool]

@@ -14,7 +14,10 @@
 //  * kAtStepEnd (a pipeline: B keeps what W needs, W runs later): all of it
 //    may still be held when the largest recomputation runs, so a plan holds
 //      sum over blocks of in_flight * (checkpointed ? input : saved)
-//    + (1 + ahead) * the largest saved bytes among checkpointed blocks;
+//    + (1 + ahead) * the largest pass: the saved bytes of a group's
+//      checkpointed blocks together (a pipeline stage's B recomputes all of
+//      them into one session and keeps them for W), a block without a
+//      group alone;
 //  * kInBackward (one backward pass of one micro-batch, last block first):
 //    block j's backward finds only blocks 0..j holding (the blocks above it
 //    let go after their backward), so a plan holds the most of
@@ -29,10 +32,16 @@
 // Note [Choosing a plan]
 // Recomputation is what a plan costs, so the best plan within a budget keeps
 // the blocks whose recomputation takes longest per byte kept.
-//  * kAtStepEnd: with the largest checkpointed block fixed at M, that is a
+//  * kAtStepEnd, up to kExhaustiveBlocks blocks (a pipeline rank's stages
+//    hold a few each): every keep/checkpoint choice is tried, 2^16 sums of
+//    at most 16 terms, a few milliseconds; the plan and least_plan_bytes()
+//    are exact.
+//  * kAtStepEnd, more blocks: with the largest checkpointed block fixed at M, that is a
 //    0/1 knapsack: blocks larger than M are kept, the others each cost
 //    in_flight * (saved - input) bytes to keep and save their
-//    recompute_seconds. Every M among the blocks' sizes is tried.
+//    recompute_seconds. Every M among the blocks' sizes is tried. Groups
+//    make a pass larger than M; such candidates are refused by their bytes,
+//    so with groups this finds a plan that fits, not always the best.
 //  * kInBackward: the constraints are per position, so a dynamic program
 //    over the blocks in forward order, its state what blocks 0..j hold;
 //    checkpointing j needs its recomputation to fit on top of that state.
@@ -54,14 +63,16 @@ constexpr int64_t kCapacityUnits = 4096;
 void check(const std::vector<BlockCost>& blocks, Release release) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
-    if (b.saved_bytes < 0 || b.input_bytes < 0 || !(b.recompute_seconds >= 0) || b.in_flight < 1) {
+    if (b.saved_bytes < 0 || b.input_bytes < 0 || !(b.recompute_seconds >= 0) || b.in_flight < 1 || b.group < -1) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) +
-                                  " has a negative size or time, or in_flight below 1");
+                                  " has a negative size or time, in_flight below 1 or a group below -1");
     }
-    if (release == Release::kInBackward && b.in_flight != 1) {
+    if (release == Release::kInBackward && (b.in_flight != 1 || b.group != -1)) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + " has in_flight=" +
-                                  std::to_string(b.in_flight) + "; Release::kInBackward is one backward pass of "
-                                  "one micro-batch (in_flight 1), a pipeline's blocks need Release::kAtStepEnd");
+                                  std::to_string(b.in_flight) + " and group=" + std::to_string(b.group) +
+                                  "; Release::kInBackward is one backward pass of one micro-batch recomputing "
+                                  "one block at a time (in_flight 1, group -1), a pipeline's blocks need "
+                                  "Release::kAtStepEnd");
     }
   }
 }
@@ -74,6 +85,31 @@ int64_t add_product(int64_t a, int64_t b, int64_t c) {
     throw std::overflow_error("prefire::plan: the blocks' bytes overflow 64 bits");
   }
   return sum;
+}
+
+// What a plan holds with Release::kAtStepEnd (Note [What a plan holds]);
+// checkpointed(i): whether block i is.
+template <typename Checkpointed>
+int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Checkpointed& checkpointed, int64_t ahead) {
+  int64_t held = 0;
+  int64_t pass = -1;                               // the largest pass; -1: nothing checkpointed
+  std::vector<std::pair<int64_t, int64_t>> groups;  // (group, its checkpointed blocks' saved bytes)
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockCost& b = blocks[i];
+    if (!checkpointed(i)) {
+      held = add_product(held, b.in_flight, b.saved_bytes);
+      continue;
+    }
+    held = add_product(held, b.in_flight, b.input_bytes);
+    int64_t together = b.saved_bytes;
+    if (b.group >= 0) {
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == b.group; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {b.group, 0});
+      together = it->second = add_product(it->second, 1, b.saved_bytes);
+    }
+    pass = std::max(pass, together);
+  }
+  return pass < 0 ? held : add_product(held, 1 + ahead, pass);
 }
 
 double recompute_seconds(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed) {
@@ -179,6 +215,20 @@ std::vector<bool> by_position(const std::vector<BlockCost>& blocks, int64_t budg
   return checkpointed;
 }
 
+bool exhaustive(const std::vector<BlockCost>& blocks, Release release) {
+  return release == Release::kAtStepEnd && blocks.size() <= kExhaustiveBlocks;
+}
+
+// Every keep/checkpoint choice, each as a mask (bit i: block i checkpointed).
+template <typename Consider>
+void every_plan(const std::vector<BlockCost>& blocks, const Consider& consider) {
+  std::vector<bool> checkpointed(blocks.size());
+  for (uint32_t mask = 0; mask < (1u << blocks.size()); ++mask) {
+    for (size_t i = 0; i < blocks.size(); ++i) checkpointed[i] = (mask >> i) & 1u;
+    consider(checkpointed);
+  }
+}
+
 std::vector<int64_t> distinct_sizes(const std::vector<BlockCost>& blocks) {
   std::vector<int64_t> sizes;
   for (const BlockCost& b : blocks) sizes.push_back(b.saved_bytes);
@@ -229,18 +279,18 @@ int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>
     }
     return peak;
   }
-  int64_t held = 0;
-  int64_t largest = -1;  // none checkpointed
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const BlockCost& b = blocks[i];
-    held = add_product(held, b.in_flight, checkpointed[i] ? b.input_bytes : b.saved_bytes);
-    if (checkpointed[i]) largest = std::max(largest, b.saved_bytes);
-  }
-  return largest < 0 ? held : add_product(held, 1 + prefire_ahead, largest);
+  return held_at_step_end(blocks, [&](size_t i) { return checkpointed[i]; }, prefire_ahead);
 }
 
 int64_t least_plan_bytes(const std::vector<BlockCost>& blocks, Release release) {
   check(blocks, release);
+  if (exhaustive(blocks, release)) {
+    int64_t least = std::numeric_limits<int64_t>::max();
+    for (uint32_t mask = 0; mask < (1u << blocks.size()); ++mask) {
+      least = std::min(least, held_at_step_end(blocks, [&](size_t i) { return (mask >> i) & 1u; }, 0));
+    }
+    return least;
+  }
   int64_t least = plan_bytes(blocks, std::vector<bool>(blocks.size(), false), 0, release);
   for (int64_t largest : distinct_sizes(blocks)) {
     least = std::min(least, plan_bytes(blocks, below(blocks, largest), 0, release));
@@ -269,6 +319,7 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes,
     found = true;
   };
   const size_t n = blocks.size();
+  if (exhaustive(blocks, release)) every_plan(blocks, consider);
   consider(std::vector<bool>(n, false));
   for (size_t every = 1; every <= n; ++every) {  // what torch users write: every n-th block (1: all)
     std::vector<bool> checkpointed(n, false);
@@ -277,7 +328,7 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes,
   }
   for (int64_t largest : distinct_sizes(blocks)) {
     consider(below(blocks, largest));  // least_plan_bytes()'s plans: one of them fits
-    if (release == Release::kAtStepEnd) {
+    if (release == Release::kAtStepEnd && !exhaustive(blocks, release)) {
       const int64_t base = bytes_below(blocks, largest);
       if (base <= budget_bytes) consider(knapsack(blocks, largest, budget_bytes - base));
     }
