@@ -84,9 +84,22 @@ class RankBudget:
     def pass_bytes(self) -> int:
         return max(self.stage_bytes.values(), default=0)
 
-    def set(self, budget_bytes: Optional[int]) -> None:
+    def set(self, budget_bytes: Optional[int], warn: bool = True) -> None:
+        """A new budget; ``warn=False``: a budget below the floor on purpose
+        (a memory plan's measuring step), said nothing of."""
         self.bytes = budget_bytes
-        self._warned = False
+        self._warned = not warn
+
+    def expect(self, stage_bytes: Dict[int, int]) -> None:
+        """What a pass of each stage will hold from now on (a new memory
+        plan): replaces what was learnt; sessions that hold more raise it
+        again as they close."""
+        self.stage_bytes = dict(stage_bytes)
+
+    @property
+    def step_ended(self) -> bool:
+        """The rank ran the last of its actions this step, in the schedule's order."""
+        return self._at is not None and self._at == len(self.actions()) > 0
 
     def actions(self) -> List[Action]:
         """The rank's actions in one step (empty: the schedule keeps no order)."""

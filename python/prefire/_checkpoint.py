@@ -4,8 +4,9 @@ over prefire's C++ checkpoint, and torch's checkpoint_wrapper over it."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
-from typing import Any, Callable, ContextManager, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
@@ -43,6 +44,42 @@ CheckpointError = _C.CheckpointError
 # with aot_eager).
 
 _warned = set()
+
+# Note [Planned checkpoints]
+# A planner that decides per block whether to keep its activations (the
+# pipeline integration's memory_budget) needs every outermost
+# prefire.checkpoint call of a forward, in order, whatever made it: a block
+# runner, torch's checkpoint_wrapper with checkpoint_fn=prefire.checkpoint,
+# prefire.checkpoint_wrapper. Inside `planned_calls(run)`, checkpoint(fn,
+# ...) returns run(checkpointed, plain, args, kwargs), where checkpointed()
+# is the checkpoint and plain() is fn(*args, **kwargs) unchecked; while run
+# runs, calls go through unplanned (a block's nested checkpoints are the
+# block's). Recomputations run outside any planned forward.
+_planned = threading.local()
+
+#: run(checkpointed, plain, args, kwargs) -> output
+PlannedRun = Callable[[Callable[[], Any], Callable[[], Any], Tuple[Any, ...], Dict[str, Any]], Any]
+
+
+@contextlib.contextmanager
+def planned_calls(run: PlannedRun):
+    """Hands this thread's outermost checkpoint() calls to ``run`` inside
+    the block (Note [Planned checkpoints])."""
+    outer = getattr(_planned, "run", None)
+    _planned.run = run
+    try:
+        yield
+    finally:
+        _planned.run = outer
+
+
+def _run_planned(run: PlannedRun, checkpointed: Callable[[], Any], plain: Callable[[], Any],
+                 args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    _planned.run = None
+    try:
+        return run(checkpointed, plain, args, kwargs)
+    finally:
+        _planned.run = run
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -185,6 +222,11 @@ def checkpoint(
             "silence this")
     if debug:
         raise ValueError("prefire.checkpoint: debug=True is not supported")
+    planned = getattr(_planned, "run", None)
+    if planned is not None:
+        return _run_planned(planned, lambda: checkpoint(
+            function, *args, context_fn=context_fn, determinism_check=determinism_check, early_stop=early_stop,
+            preserve_rng_state=preserve_rng_state, **kwargs), lambda: function(*args, **kwargs), args, kwargs)
     forced = torch_checkpoint._enable_checkpoint_early_stop  # set_checkpoint_early_stop wins, as in torch
     if forced is not None:
         early_stop = forced

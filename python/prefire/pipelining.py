@@ -16,6 +16,12 @@ the micro-batches whose backward comes next on it, for as long as the wait
 lasted when nothing was prefired. What is left is recomputed lazily by B.
 See Note [Filling bubbles] in ``_bubbles.py``.
 
+With ``memory_budget=N``, the rank's blocks hold at most N bytes of
+activations: the first step measures them, the C++ planner chooses which
+keep their activations and which are checkpointed, and what the plan leaves
+is the sessions' byte budget. See Note [A pipeline rank's memory plan] in
+``_pipeline_plan.py``.
+
 With ``budget_bytes=N``, the rank's sessions hold at most N bytes of
 recomputed activations at once: bubble prefires stop short of what the
 actions up to their micro-batch's B will hold, and a micro-batch whose
@@ -86,6 +92,8 @@ import torch
 from . import _C, _fsdp
 from ._bubbles import BubbleFiller
 from ._budget import RankBudget
+from ._checkpoint import planned_calls
+from ._pipeline_plan import RankPlan, RankPlanner, check_memory_budget, describe
 from ._order import rank_actions
 from ._schedule import collect, session
 
@@ -255,8 +263,15 @@ class _StageSessions:
             owner.budget.ran(("F", stage.stage_index, fwd_chunk_id))
             if not getattr(stage, "has_backward", True):  # schedule.eval(): no backward, nothing to recompute
                 return original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
-            with collect() as handles:
-                out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
+            planner = owner.planner
+            if planner is None:
+                with collect() as handles:
+                    out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
+            else:  # Note [A pipeline rank's memory plan]
+                planned = planner.forward(stage.stage_index)
+                with collect() as handles, planned_calls(planned.run):
+                    out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
+                planner.forward_done(planned, handles)
             self.checkpoints += len(handles)
             self.open(fwd_chunk_id, handles)
             return out
@@ -270,11 +285,13 @@ class _StageSessions:
             self.run_pass(bwd_chunk_id, not full, lambda: original["backward_one_chunk"](bwd_chunk_id, *args, **kwargs))
             if not full:
                 self.after_b(bwd_chunk_id)
+            owner._action_done()
 
         def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
             owner.budget.ran(("W", stage.stage_index, bwd_chunk_id))
             self.run_pass(bwd_chunk_id, False,
                           lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs))
+            owner._action_done()
 
         def clear_runtime_states():
             self.clear_all()
@@ -425,8 +442,14 @@ def _check_budget(budget_bytes: Optional[int]) -> None:
 class Pipelining:
     """The prefire sessions of one schedule (made by :func:`enable`)."""
 
-    def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int = 3) -> None:
+    def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int = 3,
+                 memory_budget: Optional[int] = None) -> None:
         _check_budget(budget_bytes)
+        if memory_budget is not None:
+            check_memory_budget(memory_budget)
+            if budget_bytes is not None:
+                raise ValueError("prefire.pipelining: memory_budget and budget_bytes exclude each other; "
+                                 "memory_budget sets the sessions' byte budget itself (what its plan leaves)")
         if type(bubble_warmup_steps) is not int or bubble_warmup_steps < 2:
             raise ValueError(f"prefire.pipelining: bubble_warmup_steps must be an int >= 2 (the first step only "
                              f"warms up), got {bubble_warmup_steps!r}")
@@ -437,6 +460,10 @@ class Pipelining:
         self.schedule = schedule
         self.first_stage = stages[0]
         self.budget = RankBudget(budget_bytes, self._open_sessions, lambda: rank_actions(schedule))
+        self.planner: Optional[RankPlanner] = None
+        if memory_budget is not None:
+            self.planner = RankPlanner(memory_budget, self.budget, [s.stage_index for s in stages],
+                                       getattr(schedule, "_n_microbatches", 1))
         self._tables = tables
         self._training_steps = 0   # steps begun with a backward (Note [Hook points fail loudly])
         self._checked = False
@@ -461,6 +488,8 @@ class Pipelining:
         if self._training_steps == 1 and not self._checked:
             self._checked = True
             self._check_fired()
+        if self.planner is not None:  # a schedule without an order of actions ends a measuring step here
+            self.planner.step_ends(self.budget.actions())
         for sessions in self._stages.values():
             sessions.forwards = 0
         for table in self._tables:
@@ -470,6 +499,10 @@ class Pipelining:
             self._training_steps += 1
         if self.bubbles is not None:
             self.bubbles.new_step(training)
+
+    def _action_done(self) -> None:
+        if self.planner is not None and self.budget.step_ended:
+            self.planner.step_ends(self.budget.actions())
 
     def _check_fired(self) -> None:
         """After the first training step: see Note [Hook points fail loudly]."""
@@ -524,7 +557,33 @@ class Pipelining:
         """Sets the rank's byte budget (None: none), from the next prefire
         and the next B on (Note [A rank's byte budget])."""
         _check_budget(budget_bytes)
+        if self.planner is not None:
+            raise ValueError("prefire.pipelining: a schedule enabled with memory_budget sets its sessions' byte "
+                             "budget from its plan; call set_memory_budget instead")
         self.budget.set(budget_bytes)
+
+    @property
+    def memory_budget(self) -> Optional[int]:
+        return self.planner.memory_budget if self.planner is not None else None
+
+    def set_memory_budget(self, memory_budget: int) -> None:
+        """A new memory budget for a schedule enabled with one, planned from
+        what its measuring steps measured (Note [A pipeline rank's memory
+        plan])."""
+        if self.planner is None:
+            raise ValueError("prefire.pipelining: set_memory_budget needs enable(schedule, memory_budget=...)")
+        self.planner.set_memory_budget(memory_budget)
+
+    @property
+    def plan(self) -> Optional[RankPlan]:
+        """The memory plan of the latest step's signature (None before one was chosen, or without memory_budget)."""
+        return self.planner.plan if self.planner is not None else None
+
+    def describe_plan(self) -> str:
+        plan = self.plan
+        if plan is None:
+            return "prefire.pipelining: no memory plan yet (the first training step measures)"
+        return describe(plan, self.planner.memory_budget)
 
     def stats(self) -> PipelineStats:
         return PipelineStats(**vars(self._stats))
@@ -545,7 +604,7 @@ class Pipelining:
 
 
 def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None,
-           bubble_warmup_steps: int = 3) -> Pipelining:
+           bubble_warmup_steps: int = 3, memory_budget: Optional[int] = None) -> Pipelining:
     """Gives each micro-batch's checkpoints a session shared by its backward
     passes, for every stage of ``schedule`` on this rank (see the module
     docstring). Call once, after building the schedule and before ``step``.
@@ -561,6 +620,16 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
             over it lets go after B (W recomputes it). One pass's
             recomputation is the floor; a budget below it warns (Note [A
             rank's byte budget]).
+        memory_budget: at most this many bytes of activations held by the
+            rank's blocks at once (kept blocks' saved tensors, checkpointed
+            blocks' inputs, recomputed tensors the sessions hold): the first
+            training step of each input signature checkpoints every block
+            and measures them, then the C++ planner chooses which blocks
+            keep their activations, and what it leaves becomes the
+            sessions' byte budget (Note [A pipeline rank's memory plan]).
+            Raises ValueError at the end of the measuring step for a budget
+            below the least any plan holds, naming it. Excludes
+            ``budget_bytes``.
         bubble_warmup_steps: training steps (``schedule.eval()`` steps do
             not count) before bubble prefires begin: the first warms up, the
             others measure each wait's length (Note [Filling bubbles]). At
@@ -576,4 +645,4 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
         A :class:`Pipelining`: ``stats()``, ``set_budget_bytes()``,
         ``disable()``.
     """
-    return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps)
+    return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps, memory_budget)

@@ -303,8 +303,7 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes,
   if (budget_bytes < least) {
     throw std::invalid_argument("prefire::plan_for_budget: budget_bytes=" + std::to_string(budget_bytes) +
                                 " is below the least any plan holds: " + std::to_string(least) +
-                                " bytes (checkpointing every block that saves more than its inputs: their "
-                                "inputs, and one recomputation at a time)");
+                                " bytes (Note [What a plan holds] in src/memory/plan.cpp)");
   }
   Plan best;
   bool found = false;

@@ -2,6 +2,7 @@ import os
 
 import pytest
 import torch
+import torch.distributed as dist
 
 
 @pytest.fixture(autouse=True)
@@ -26,3 +27,12 @@ def no_children_left():
         return False
 
     return check
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    """A process group of one rank (Gloo), for schedules whose stages all
+    live in this process."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -9,7 +9,6 @@ import re
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.utils.checkpoint as torch_checkpoint
 from torch.distributed import pipelining as pp
 
@@ -20,13 +19,6 @@ from prefire.pipeline.config import RunConfig
 from prefire.pipeline.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
 
 TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def zbv_one_rank(run_block, cfg=TINY):

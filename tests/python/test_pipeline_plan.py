@@ -1,0 +1,216 @@
+"""enable(schedule, memory_budget=...): a pipeline rank's keep/checkpoint plan
+from a memory budget (Note [A pipeline rank's memory plan]), on a ZBV
+schedule whose two stages share this rank: the budget holds at every step,
+the measuring one included, gradients stay exact under every plan, a shape
+change re-plans, and a budget below the least plan says that least."""
+
+import random
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed import pipelining as pp
+
+import prefire
+from prefire import pipelining
+from prefire.pipeline.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
+
+TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
+
+
+def planned_gpt(memory_budget, cfg=TINY):
+    model = GPT(cfg)
+    modules = [Stage(model, i, 2, lambda b, x: prefire.checkpoint(b, x)) for i in range(2)]
+    return modules, loss_fn, data(cfg), memory_budget
+
+
+class Residual(nn.Module):
+    """x + W2 gelu(W1 x): a block whose saved bytes grow with ``hidden``."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class Blocks(nn.Module):
+    def __init__(self, blocks, run_block) -> None:
+        super().__init__()
+        self.blocks, self.run_block = nn.ModuleList(blocks), run_block
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = self.run_block(block, x)
+        return x
+
+
+def mse(out, target):
+    return ((out - target) ** 2).mean()
+
+
+class Run:
+    """One ZBV schedule on this rank over two stage modules; ``step()``
+    returns the gradients and the most the step held (the census: blocks'
+    saved tensors and inputs, recomputations)."""
+
+    def __init__(self, modules, loss, batch, memory_budget=None) -> None:
+        self.modules = modules
+        self.stages = [pp.PipelineStage(m, i, 2, torch.device("cpu")) for i, m in enumerate(modules)]
+        self.schedule = pp.ScheduleZBVZeroBubble(self.stages, 2, loss_fn=loss)
+        self.batch = batch
+        self.sessions = pipelining.enable(self.schedule, memory_budget=memory_budget) if memory_budget is not None \
+            else None
+
+    def step(self, batch=None):
+        inputs, targets = batch or self.batch
+        for m in self.modules:
+            m.zero_grad(set_to_none=True)
+        for stage in self.stages:  # what torch's stages keep of the last step until the next one begins
+            type(stage).clear_runtime_states(stage)
+        prefire.reset_runtime_peak()
+        held_before = prefire.runtime_stats().held_bytes
+        self.schedule.step(inputs, target=targets)
+        grads = {n: p.grad.clone() for m in self.modules for n, p in m.named_parameters() if p.grad is not None}
+        return grads, prefire.runtime_stats().peak_held_bytes - held_before
+
+    def close(self):
+        if self.sessions is not None:
+            self.sessions.disable()
+
+
+def bounds(modules, loss, batch):
+    """The least plan and what keeping every block holds, from a measuring step."""
+    run = Run(modules, loss, batch, memory_budget=1 << 40)
+    run.step()
+    costs = run.sessions.plan.costs
+    run.close()
+    return (prefire.least_plan_bytes(costs),
+            prefire.plan_bytes(costs, [False] * len(costs)))
+
+
+def sweep(make, steps=3):
+    """Every budget from the least plan to keeping everything: the budget
+    holds at every step and the gradients equal the unchecked run's."""
+    modules, loss, batch, _ = make(None)
+    expected, _ = Run([unchecked(m) for m in modules], loss, batch).step()
+    least, most = bounds(*make(None)[:3])
+    assert least < most
+    plans = set()
+    for at in (0.0, 0.25, 0.5, 0.75, 1.0):
+        budget = least + int(at * (most - least))
+        run = Run(*make(budget)[:3], memory_budget=budget)
+        for step in range(steps):
+            grads, held = run.step()
+            assert held <= budget, (at, step, held, budget)
+            assert grads.keys() == expected.keys()
+            assert all(torch.equal(grads[n], expected[n]) for n in expected), (at, step)
+        plan = run.sessions.plan
+        assert plan.plan.peak_bytes <= budget
+        plans.add(tuple(tuple(c) for c in plan.checkpointed.values()))
+        run.close()
+    return plans
+
+
+def unchecked(module):
+    """The same module with its blocks run unchecked (the reference)."""
+    module.run_block = lambda block, x: block(x)
+    return module
+
+
+def test_every_budget_holds_and_gradients_stay_exact_under_every_plan(one_rank):
+    plans = sweep(lambda budget: planned_gpt(budget))
+    assert len(plans) >= 3  # the sweep runs several plans, not one
+    assert ((True, True), (True, True)) in plans and ((False, False), (False, False)) in plans
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_budget_holds_on_random_block_sizes(one_rank, seed):
+    rng = random.Random(seed)
+    hidden = [rng.choice([8, 32, 64, 128, 256]) for _ in range(6)]
+
+    def make(budget):
+        torch.manual_seed(seed)
+        blocks = [Residual(16, h) for h in hidden]
+        run_block = lambda b, x: prefire.checkpoint(b, x)  # noqa: E731
+        modules = [Blocks(blocks[:3], run_block), Blocks(blocks[3:], run_block)]
+        g = torch.Generator().manual_seed(seed)
+        batch = (torch.randn(4, 8, 16, generator=g), torch.randn(4, 8, 16, generator=g))
+        return modules, mse, batch, budget
+
+    sweep(make)
+
+
+def test_a_shape_change_measures_and_plans_again_and_each_shape_keeps_its_plan(one_rank):
+    modules, loss, (tokens, targets), _ = planned_gpt(None)
+    least, most = bounds(*planned_gpt(None)[:3])
+    run = Run(modules, loss, (tokens, targets), memory_budget=(least + most) // 2)
+    short = (tokens[:, :8].contiguous(), targets[:, :8].contiguous())
+    run.step()
+    assert run.sessions.planner.measuring_steps == 1
+    long_plan = run.sessions.plan
+    run.step()
+    assert run.sessions.planner.measuring_steps == 1 and run.sessions.plan is long_plan
+    run.step(short)
+    assert run.sessions.planner.measuring_steps == 2
+    short_plan = run.sessions.plan
+    assert short_plan is not long_plan and short_plan.key != long_plan.key
+    # half the sequence saves less: the same budget keeps more
+    assert sum(map(sum, short_plan.checkpointed.values())) < sum(map(sum, long_plan.checkpointed.values()))
+    run.step()
+    run.step(short)
+    assert run.sessions.planner.measuring_steps == 2  # each shape kept its plan
+    assert run.sessions.plan is short_plan
+    run.close()
+
+
+def test_a_budget_below_the_least_plan_says_the_least_and_the_least_works(one_rank):
+    least, _ = bounds(*planned_gpt(None)[:3])
+    run = Run(*planned_gpt(None)[:3], memory_budget=least - 1)
+    with pytest.raises(ValueError, match=f"memory_budget={least - 1} bytes is below the least any plan of this "
+                                         f"rank's blocks holds: {least} bytes"):
+        run.step()
+    run.close()
+    run = Run(*planned_gpt(None)[:3], memory_budget=least)
+    for _ in range(2):
+        _, held = run.step()
+        assert held <= least
+    assert all(all(c) for c in run.sessions.plan.checkpointed.values())
+    assert "checkpoints [0, 1] of 2 blocks" in run.sessions.describe_plan()
+    run.close()
+
+
+def test_memory_budget_misuse_is_a_clear_error(one_rank):
+    modules, loss, batch, _ = planned_gpt(None)
+    stages = [pp.PipelineStage(m, i, 2, torch.device("cpu")) for i, m in enumerate(modules)]
+    schedule = pp.ScheduleZBVZeroBubble(stages, 2, loss_fn=loss)
+    for bad in (-1, 1.5, True, "1GB"):
+        with pytest.raises(ValueError, match="memory_budget must be a number of bytes"):
+            pipelining.enable(schedule, memory_budget=bad)
+    with pytest.raises(ValueError, match="memory_budget and budget_bytes exclude each other"):
+        pipelining.enable(schedule, memory_budget=1 << 20, budget_bytes=1 << 20)
+    sessions = pipelining.enable(schedule, memory_budget=1 << 30)
+    assert sessions.describe_plan().endswith("no memory plan yet (the first training step measures)")
+    with pytest.raises(ValueError, match="call set_memory_budget instead"):
+        sessions.set_budget_bytes(0)
+    sessions.disable()
+    sessions = pipelining.enable(schedule)
+    with pytest.raises(ValueError, match="set_memory_budget needs enable"):
+        sessions.set_memory_budget(1 << 20)
+    sessions.disable()
+
+
+def test_a_forward_that_changes_its_checkpoint_calls_is_refused(one_rank):
+    modules, loss, batch, _ = planned_gpt(None)
+    run = Run(modules, loss, batch, memory_budget=1 << 30)
+    run.step()
+    # the blocks of stage 1 now run as one call: fewer calls than the plan was measured with
+    inner = modules[1].run_block
+    blocks = list(modules[1].blocks.values())
+    modules[1].blocks = nn.ModuleDict({"2": nn.Sequential(*blocks)})
+    modules[1].run_block = inner
+    with pytest.raises(RuntimeError, match="stage 1's forward made 1 checkpoint calls where its plan was measured "
+                                           "with 2"):
+        run.step()
+    run.close()
