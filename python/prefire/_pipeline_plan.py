@@ -23,7 +23,9 @@ begins, for a schedule without an order of actions), the C++ planner
 chooses (``plan_for_budget``, Release::kAtStepEnd, Note [What a plan holds]
 in src/memory/plan.cpp): each block of the rank counted ``in_flight`` times,
 the most micro-batches of its stage between their F and their W (or full
-backward) in the rank's actions; a stage's checkpointed blocks are one
+backward) in the rank's actions (every micro-batch on the last stage: the
+schedule keeps its outputs, and with them their graphs, until the next step
+begins); a stage's checkpointed blocks are one
 group, since its B recomputes them into one session. What the plan leaves
 of the budget is the rank's byte budget for sessions (Note [A rank's byte
 budget] in _budget.py): it decides which B keeps its recomputation for W
@@ -60,11 +62,13 @@ Signature = Tuple[Any, ...]
 Key = Tuple[Tuple[int, Signature], ...]  # ((stage, signature), ...) for the rank's stages, in stage order
 
 
-def in_flight(actions: List[Action], stage: int, micro_batches: int) -> int:
+def in_flight(actions: List[Action], stage: int, micro_batches: int, last: bool = False) -> int:
     """The most micro-batches of ``stage`` between their F and their W (or
     full backward) in ``actions``; all of them for a schedule without an
-    order of actions."""
-    if not actions:
+    order of actions, and for the last stage (``last``), whose outputs the
+    schedule keeps until the next step: their graphs, with what B alone
+    needed, live that long."""
+    if not actions or last:
         return micro_batches
     held = peak = 0
     for kind, s, _ in actions:
@@ -139,8 +143,11 @@ class RankPlanner:
     activations within ``memory_budget`` bytes (Note [A pipeline rank's
     memory plan])."""
 
-    def __init__(self, memory_budget: int, budget: RankBudget, stages: List[int], micro_batches: int) -> None:
+    def __init__(self, memory_budget: int, budget: RankBudget, stages: List[int], micro_batches: int,
+                 last_stage: Optional[int] = None) -> None:
+        """``last_stage``: the pipeline's last stage, if on this rank."""
         check_memory_budget(memory_budget)
+        self.last_stage = last_stage
         self.memory_budget = memory_budget
         self.budget = budget
         self.stages = sorted(stages)
@@ -220,7 +227,7 @@ class RankPlanner:
     def _choose(self, key: Key) -> RankPlan:
         costs: List[_C.BlockCost] = []
         for stage, signature in key:
-            flight = in_flight(self._actions, stage, self.micro_batches)
+            flight = in_flight(self._actions, stage, self.micro_batches, stage == self.last_stage)
             for runs in self._measured[(stage, signature)].blocks:
                 costs.append(_C.BlockCost(max(r[0] for r in runs), max(r[1] for r in runs),
                                           statistics.median(r[2] for r in runs), flight, stage))

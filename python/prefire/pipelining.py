@@ -463,7 +463,8 @@ class Pipelining:
         self.planner: Optional[RankPlanner] = None
         if memory_budget is not None:
             self.planner = RankPlanner(memory_budget, self.budget, [s.stage_index for s in stages],
-                                       getattr(schedule, "_n_microbatches", 1))
+                                       getattr(schedule, "_n_microbatches", 1),
+                                       next((s.stage_index for s in stages if s.is_last), None))
         self._tables = tables
         self._training_steps = 0   # steps begun with a backward (Note [Hook points fail loudly])
         self._checked = False

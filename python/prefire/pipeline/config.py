@@ -26,6 +26,11 @@ SCHEDULES = {
 #: also prefire in the bubbles; budget: bubble under a rank's byte budget,
 #: one run per fraction in ``RunConfig.budgets`` (a sweep)
 MODES = ("none", "torch", "session", "bubble", "budget")
+#: the memory sweep's (``python -m prefire.pipeline.sweep``): torch-every<n>:
+#: torch.utils.checkpoint on the blocks whose index is a multiple of n; plan:
+#: sessions under ``enable(schedule, memory_budget=...)``, one run per
+#: fraction in ``RunConfig.memory_budgets``
+SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4", "plan")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,15 @@ class RunConfig:
     #: most it held in warm-up with sessions alone (before bubble prefires
     #: begin); above 1 leaves room for bubble prefires
     budgets: Tuple[float, ...] = (0.75, 0.5, 0.25)
+    #: plan mode: one run per fraction; a rank's memory budget is that share
+    #: of what keeping every block holds (by the plan's count), the least
+    #: plan if that is more, from what the run's measuring step (its first)
+    #: found
+    memory_budgets: Tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    #: every block runs in a SavedTensorMeter, so peak_held_bytes counts the
+    #: blocks' activations, and the stages let go of a step's state after it
+    #: (the memory sweep; the budget mode reads recomputed bytes alone)
+    meter_blocks: bool = False
     timeout_s: float = 120.0
     eval_steps: int = 0            # schedule.eval() steps after training, counting the recomputations they run
 
@@ -48,6 +62,7 @@ class RunConfig:
         raw["model"] = ModelConfig(**raw["model"])
         raw["modes"] = tuple(raw["modes"])
         raw["budgets"] = tuple(raw["budgets"])
+        raw["memory_budgets"] = tuple(raw["memory_budgets"])
         return RunConfig(**raw)
 
     def runs(self) -> List[Tuple[str, str, Optional[float]]]:
@@ -57,6 +72,8 @@ class RunConfig:
         for mode in self.modes:
             if mode == "budget":
                 out += [(f"budget {round(f * 100)}%", mode, f) for f in self.budgets]
+            elif mode == "plan":
+                out += [(f"plan {round(f * 100)}%", mode, f) for f in self.memory_budgets]
             else:
                 out.append((mode, mode, None))
         return out

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .config import MODES, SCHEDULES, RunConfig
+from .config import MODES, SCHEDULES, SWEEP_MODES, RunConfig
 from .launch import run_ranks
 from .model import ModelConfig, check_config, reference_gradients
 from .report import TIMES, compare_gradients, plot, summarize, table
@@ -45,9 +45,19 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     if config.schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {config.schedule!r}; one of {', '.join(SCHEDULES)}")
     modes = config.modes
-    unknown = [m for m in modes if m not in MODES]
+    known = MODES + SWEEP_MODES
+    unknown = [m for m in modes if m not in known]
     if unknown or not modes or len(set(modes)) != len(modes):
-        raise ValueError(f"unknown or repeated modes {list(modes)}; choose from {', '.join(MODES)}")
+        raise ValueError(f"unknown or repeated modes {list(modes)}; choose from {', '.join(known)}")
+    if "plan" in modes:
+        fractions = config.memory_budgets
+        if not fractions or min(fractions) < 0 or len({round(f * 100) for f in fractions}) != len(fractions):
+            raise ValueError(f"memory_budgets must be distinct non-negative fractions (whole percents), got "
+                             f"{list(fractions)}")
+        if config.warmup < 1:
+            raise ValueError("plan mode measures in its first step: warmup must be at least 1")
+    if config.meter_blocks and "budget" in modes:
+        raise ValueError("budget mode reads what sessions alone held; it cannot run with meter_blocks")
     if world < 2:
         raise ValueError(f"a pipeline needs at least 2 ranks, got {world}")
     if config.steps < 1 or config.warmup < 0 or rounds < 1:

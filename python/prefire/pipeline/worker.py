@@ -44,12 +44,27 @@ def _fault(kind: str, rank: int) -> bool:
     return spec in (f"{kind}:{rank}", f"{kind}:*")
 
 
-def block_runner(mode: str):
+def block_runner(mode: str, meter: bool = False):
+    """How a stage runs a block in ``mode``; ``meter``: inside a
+    SavedTensorMeter (a plan mode's planner meters its blocks itself)."""
     if mode == "none":
-        return lambda block, x: block(x)
-    if mode == "torch":
-        return lambda block, x: torch_checkpoint.checkpoint(block, x, use_reentrant=False)
-    return lambda block, x: prefire.checkpoint(block, x)
+        run = lambda block, x: block(x)  # noqa: E731
+    elif mode == "torch":
+        run = lambda block, x: torch_checkpoint.checkpoint(block, x, use_reentrant=False)  # noqa: E731
+    elif mode.startswith("torch-every"):
+        every = int(mode[len("torch-every"):])
+        run = lambda block, x: (torch_checkpoint.checkpoint(block, x, use_reentrant=False)  # noqa: E731
+                                if block.index % every == 0 else block(x))
+    else:
+        return lambda block, x: prefire.checkpoint(block, x)
+    if not meter:
+        return run
+
+    def metered(block, x):
+        with prefire.SavedTensorMeter():
+            return run(block, x)
+
+    return metered
 
 
 class Recorder:
@@ -107,18 +122,24 @@ class ModeRun:
 
     def __init__(self, cfg: RunConfig, name: str, mode: str, budget_fraction: Optional[float], rank: int,
                  world: int) -> None:
+        """``budget_fraction``: the budget mode's share of what sessions held,
+        or the plan mode's of the way from the least plan to keeping all."""
         schedule_cls, per_rank, _ = SCHEDULES[cfg.schedule]
         n_stages = per_rank * world
         self.cfg, self.name, self.budget_fraction = cfg, name, budget_fraction
         self.indices = stage_indices(cfg.schedule, rank, world)
         model = GPT(cfg.model)
-        self.modules = [Stage(model, i, n_stages, block_runner(mode)) for i in self.indices]
+        self.mode = mode
+        self.modules = [Stage(model, i, n_stages, block_runner(mode, cfg.meter_blocks)) for i in self.indices]
         stages = [pp.PipelineStage(m, i, n_stages, torch.device("cpu")) for m, i in zip(self.modules, self.indices)]
+        self.stages = stages
         self.schedule = schedule_cls(stages if per_rank > 1 else stages[0], cfg.model.micro_batches,
                                      loss_fn=loss_fn)
         self.sessions = None
         if mode in ("session", "bubble", "budget"):
             self.sessions = pipelining.enable(self.schedule, bubble=mode != "session")
+        elif mode == "plan":  # the first step measures; its budget is set from what it found (step())
+            self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62)
         self.recorder = Recorder(rank)
         for stage in stages:
             self.recorder.wrap_stage(stage)
@@ -140,22 +161,31 @@ class ModeRun:
 
     def step(self) -> None:
         cfg, sessions, recorder = self.cfg, self.sessions, self.recorder
-        if self.budget_fraction is not None and len(self.steps) == cfg.warmup:
+        if self.mode == "budget" and len(self.steps) == cfg.warmup:
             # what sessions alone held: warm-up steps before bubble prefires begin (their amount varies with timing)
             held = max(s["peak_held_bytes"] for s in self.steps if s["pipelining"]["bubble_prefires"] == 0)
             sessions.set_budget_bytes(int(held * self.budget_fraction))
+        if self.mode == "plan" and len(self.steps) == 1:
+            costs = sessions.plan.costs
+            least = prefire.least_plan_bytes(costs)
+            most = prefire.plan_bytes(costs, [False] * len(costs))
+            sessions.set_memory_budget(max(least, int(self.budget_fraction * most)))
         for m in self.modules:
             m.zero_grad(set_to_none=True)
         recorder.events.clear()
         if sessions is not None:
             sessions.reset_stats()
         prefire.reset_runtime_peak()
+        held_before = prefire.runtime_stats().held_bytes
         before = prefire.runtime_stats().recomputations
         recorder.rss_peak = rss_before = _rss_bytes()
         dist.barrier()
         begin = time.monotonic()
         self.schedule.step(*self.args, **self.kwargs)
         end = time.monotonic()
+        if cfg.meter_blocks:  # what torch's stages keep of a step until their next one: not this mode's to hold
+            for stage in self.stages:
+                type(stage).clear_runtime_states(stage)
         recomputes = [e for e in recorder.events if e[0].startswith("recompute")]
         recompute_s = sum(e[4] - e[3] for e in recomputes)
         record = {
@@ -169,7 +199,7 @@ class ModeRun:
             "recompute_bubble_s": sum(e[4] - e[3] for e in recomputes if e[0] == "recompute-bubble"),
             "wait_s": sum(e[4] - e[3] for e in recorder.events if e[0] == "wait") if self.waits_seen else None,
             "hideable_s": hideable_s(recorder.events, recompute_s) if self.waits_seen else None,
-            "peak_held_bytes": prefire.runtime_stats().peak_held_bytes,
+            "peak_held_bytes": prefire.runtime_stats().peak_held_bytes - held_before,
             "rss_growth_bytes": recorder.rss_peak - rss_before,
             "events": [list(e) for e in recorder.events],
         }
@@ -204,6 +234,10 @@ class ModeRun:
             "peak_held_bytes": max(s["peak_held_bytes"] for s in measured),
             "rss_growth_bytes": max(s["rss_growth_bytes"] for s in measured),
             "budget_bytes": self.sessions.budget_bytes if self.sessions is not None else None,
+            "memory_budget": self.sessions.memory_budget if self.sessions is not None else None,
+            "plan": ({str(s): c for s, c in self.sessions.plan.checkpointed.items()}
+                     if self.sessions is not None and self.sessions.plan is not None else None),
+            "measuring_held_bytes": self.steps[0]["peak_held_bytes"],
             # one pass's recomputation: the least a budget can hold a rank to
             "floor_bytes": self.sessions.budget.pass_bytes if self.sessions is not None else None,
             "eval_recomputations": self.eval_recomputations,

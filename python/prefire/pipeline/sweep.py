@@ -1,0 +1,135 @@
+"""The pipeline program's memory sweep: ``python -m prefire.pipeline.sweep``.
+
+For each memory budget (a share of what keeping every block holds, from
+the least plan up), prefire's plan (``enable(schedule, memory_budget=...)``)
+next to the configurations a user writes with torch's checkpoint (every
+block, every n-th block for n = 2, 3, 4, none) that fit the same budget on
+every rank: peak activation bytes per rank (the census of the blocks' saved
+tensors, checkpoint inputs and recomputations; every block runs in a
+SavedTensorMeter) and step time. Prints a table, and with --plot step time
+against peak activation memory, one curve per approach."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Dict, List, Optional
+
+from .config import SCHEDULES, RunConfig
+from .main import run
+from .model import ModelConfig
+
+MiB = float(1 << 20)
+TORCH = ("none", "torch-every4", "torch-every3", "torch-every2", "torch")
+
+
+def _held(mode: Dict[str, Any]) -> List[int]:
+    return [r["peak_held_bytes"] for r in mode["ranks"]]
+
+
+def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One row per plan run: its budget, held bytes and step per rank, the
+    torch configurations that fit it on every rank, the fastest of them."""
+    modes = summary["modes"]
+    out = []
+    for name, mode in modes.items():
+        if not name.startswith("plan "):
+            continue
+        budgets = [r["memory_budget"] for r in mode["ranks"]]
+        fits = {t: modes[t] for t in TORCH if t in modes
+                and all(h <= b for h, b in zip(_held(modes[t]), budgets))}
+        fastest = min(fits, key=lambda t: fits[t]["step_s"]) if fits else None
+        out.append({
+            "name": name, "budgets": budgets, "held": _held(mode),
+            "measuring_held": [r["measuring_held_bytes"] for r in mode["ranks"]],
+            "step_s": mode["step_s"], "plan": [r["plan"] for r in mode["ranks"]],
+            "within_budget": all(h <= b for h, b in zip(_held(mode), budgets)),
+            "exact": mode["gradients"]["exact"],
+            "fits": {t: m["step_s"] for t, m in fits.items()}, "fastest_fit": fastest,
+            "plan_over_fastest": mode["step_s"] / fits[fastest]["step_s"] if fastest else None,
+            "plan_over_none": mode["step_s"] / modes["none"]["step_s"] if "none" in modes else None,
+        })
+    return out
+
+
+def table(summary: Dict[str, Any]) -> str:
+    modes = summary["modes"]
+    lines = ["torch's configurations: held MiB per rank, step ms"]
+    for t in TORCH:
+        if t in modes:
+            held = ", ".join(f"{h / MiB:.2f}" for h in _held(modes[t]))
+            lines.append(f"  {t:13s} {held:>16s}  {modes[t]['step_s'] * 1e3:8.1f} ms")
+    lines.append("prefire's plan: budget -> held MiB per rank (measuring step), step ms, checkpointed blocks per stage; "
+                 "torch's that fit; plan / fastest that fits; plan / none")
+    for r in rows(summary):
+        per_rank = "; ".join(f"{b / MiB:.2f} -> {h / MiB:.2f} ({m / MiB:.2f})"
+                             for b, h, m in zip(r["budgets"], r["held"], r["measuring_held"]))
+        plan = " ".join(f"{s}:{''.join('c' if c else 'k' for c in ck)}" for p in r["plan"] for s, ck in p.items())
+        fits = ", ".join(f"{t} {s * 1e3:.0f}" for t, s in r["fits"].items()) or "none fits"
+        ratio = f"{r['plan_over_fastest']:.2f}" if r["plan_over_fastest"] is not None else "-"
+        lines.append(f"  {r['name']:9s} {per_rank}  {r['step_s'] * 1e3:8.1f} ms  [{plan}]  {fits}  {ratio}  "
+                     f"{r['plan_over_none']:.2f}{'' if r['within_budget'] else '  OVER BUDGET'}"
+                     f"{'' if r['exact'] else '  GRADIENTS DIFFER'}")
+    return "\n".join(lines)
+
+
+def plot(summary: Dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = summary["modes"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    plans = sorted(rows(summary), key=lambda r: max(r["held"]))
+    ax.plot([max(r["held"]) / MiB for r in plans], [r["step_s"] * 1e3 for r in plans], "o-", label="prefire plan")
+    torch_runs = sorted((m for m in TORCH if m in modes), key=lambda m: max(_held(modes[m])))
+    ax.plot([max(_held(modes[m])) / MiB for m in torch_runs], [modes[m]["step_s"] * 1e3 for m in torch_runs], "s--",
+            label="torch checkpoint (all, every n-th, none)")
+    for m in torch_runs:
+        ax.annotate(m.replace("torch-", ""), (max(_held(modes[m])) / MiB, modes[m]["step_s"] * 1e3), fontsize=8)
+    c = summary["config"]
+    ax.set_xlabel("peak activation MiB (the most held rank)")
+    ax.set_ylabel("step ms")
+    ax.set_title(f"{c['schedule']}, {c['world']} ranks: step time against activation memory")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m prefire.pipeline.sweep", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv")
+    p.add_argument("--memory-budgets", default="0,0.25,0.5,0.75,1",
+                   help="a rank's budget per plan run: this share of what keeping every block holds")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--tiny", action="store_true", help="a tiny model (the test's)")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--plot", metavar="PATH")
+    a = p.parse_args(argv)
+    model = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2) if a.tiny \
+        else ModelConfig()
+    fractions = tuple(float(f) for f in a.memory_budgets.split(",") if f)
+    config = RunConfig(model=model, schedule=a.schedule, modes=TORCH + ("plan",), steps=a.steps, warmup=a.warmup,
+                       memory_budgets=fractions, meter_blocks=True, timeout_s=600.0)
+    try:
+        summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
+    except ValueError as e:
+        p.error(str(e))
+    print(table(summary))
+    summary["sweep"] = rows(summary)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({k: v for k, v in summary.items() if k != "timelines"}, f, indent=1)
+    if a.plot:
+        plot(summary, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
