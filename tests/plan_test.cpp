@@ -70,6 +70,25 @@ TEST(Plan, AGroupIsRecomputedTogether) {
   EXPECT_THROW(prefire::plan_bytes({{1, 0, 0.0, 1, -2}}, {true}), std::invalid_argument);
 }
 
+TEST(Plan, MomentsCountWhatIsHeldAtOnce) {
+  // two stages of one rank: stage 0's two micro-batches leave (their W) before stage 1's arrive
+  BlockCost first{100, 10, 1.0, 2, 0, {1, 2, 1, 0, 0, 0}};
+  BlockCost second{100, 10, 1.0, 2, 1, {0, 0, 1, 2, 1, 0}};
+  EXPECT_EQ(prefire::plan_bytes({first, second}, {false, false}), 2 * 100);  // never more than two at once
+  BlockCost always = first;
+  always.alive.clear();  // in_flight at every moment: both stages at their most together
+  EXPECT_EQ(prefire::plan_bytes({always, second}, {false, false}), 2 * 100 + 2 * 100);
+  EXPECT_EQ(prefire::plan_bytes({first, second}, {true, false}), 2 * 100 + 100);  // moment 3, and its pass
+  // what the step holds at its most keeps both
+  EXPECT_EQ(prefire::plan_for_budget({first, second}, 200).checkpointed, (std::vector<bool>{false, false}));
+  BlockCost wrong = second;
+  wrong.alive.pop_back();
+  EXPECT_THROW(prefire::plan_bytes({first, wrong}, {false, false}), std::invalid_argument);
+  wrong = second;
+  wrong.alive[0] = 3;  // above in_flight
+  EXPECT_THROW(prefire::plan_bytes({first, wrong}, {false, false}), std::invalid_argument);
+}
+
 TEST(Plan, AllTheMemoryKeepsEverythingAndTheLeastCheckpointsEverything) {
   const auto blocks = transformer(8);
   const int64_t everything = 8 * (12 << 20);

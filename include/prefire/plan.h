@@ -26,6 +26,9 @@ struct BlockCost {
   int64_t in_flight = 1;          // micro-batches whose forward it holds at once (1 without a pipeline)
   int64_t group = -1;             // blocks of one group are recomputed by one pass together (a pipeline
                                   // stage's blocks: its B holds them all for W); -1: a group of its own
+  std::vector<int64_t> alive;     // optional, Release::kAtStepEnd: the micro-batches it holds at each moment
+                                  // of a step (a pipeline rank's actions in order), each <= in_flight; every
+                                  // block that has them the same moments; empty: in_flight at every moment
 };
 
 /// When a step lets go of what a block holds (Note [What a plan holds]).

@@ -53,12 +53,13 @@ class _SavedTensorMeter:
 
 class BlockCost:
     def __init__(self, saved_bytes: int, input_bytes: int, recompute_seconds: float, in_flight: int = 1,
-                 group: int = -1) -> None: ...
+                 group: int = -1, alive: List[int] = ...) -> None: ...
     saved_bytes: int
     input_bytes: int
     recompute_seconds: float
     in_flight: int
     group: int
+    alive: List[int]
 
 class Plan:
     checkpointed: List[bool]

@@ -21,11 +21,11 @@ stands for one recomputation (synchronised on CUDA; the measuring step
 only). When the rank's last action of the step has run (or the next step
 begins, for a schedule without an order of actions), the C++ planner
 chooses (``plan_for_budget``, Release::kAtStepEnd, Note [What a plan holds]
-in src/memory/plan.cpp): each block of the rank counted ``in_flight`` times,
-the most micro-batches of its stage between their F and their W (or full
-backward) in the rank's actions (every micro-batch on the last stage: the
+in src/memory/plan.cpp): after each of the rank's actions, each block of the
+rank counted once per micro-batch of its stage between their F and their W
+(or full backward), every micro-batch from its F on for the last stage (the
 schedule keeps its outputs, and with them their graphs, until the next step
-begins); a stage's checkpointed blocks are one
+begins), the most over those moments; a stage's checkpointed blocks are one
 group, since its B recomputes them into one session. What the plan leaves
 of the budget is the rank's byte budget for sessions (Note [A rank's byte
 budget] in _budget.py): it decides which B keeps its recomputation for W
@@ -62,24 +62,21 @@ Signature = Tuple[Any, ...]
 Key = Tuple[Tuple[int, Signature], ...]  # ((stage, signature), ...) for the rank's stages, in stage order
 
 
-def in_flight(actions: List[Action], stage: int, micro_batches: int, last: bool = False) -> int:
-    """The most micro-batches of ``stage`` between their F and their W (or
-    full backward) in ``actions``; all of them for a schedule without an
-    order of actions, and for the last stage (``last``), whose outputs the
-    schedule keeps until the next step: their graphs, with what B alone
-    needed, live that long."""
-    if not actions or last:
-        return micro_batches
-    held = peak = 0
+def alive(actions: List[Action], stage: int, last: bool = False) -> List[int]:
+    """The micro-batches of ``stage`` whose forward the rank holds after
+    each of its ``actions``: from their F to their W (or full backward); on
+    the last stage (``last``) to the step's end, since the schedule keeps its
+    outputs, and with them their graphs (with what B alone needed), until
+    the next step begins."""
+    held, out = 0, []
     for kind, s, _ in actions:
-        if s != stage:
-            continue
-        if kind == "F":
-            held += 1
-            peak = max(peak, held)
-        elif kind in ("W", "BW"):
-            held -= 1
-    return max(peak, 1)
+        if s == stage:
+            if kind == "F":
+                held += 1
+            elif kind in ("W", "BW") and not last:
+                held -= 1
+        out.append(held)
+    return out
 
 
 @dataclass
@@ -227,10 +224,12 @@ class RankPlanner:
     def _choose(self, key: Key) -> RankPlan:
         costs: List[_C.BlockCost] = []
         for stage, signature in key:
-            flight = in_flight(self._actions, stage, self.micro_batches, stage == self.last_stage)
+            # without an order of actions: every micro-batch at once
+            moments = alive(self._actions, stage, stage == self.last_stage)
+            flight = max(moments, default=self.micro_batches) or 1
             for runs in self._measured[(stage, signature)].blocks:
                 costs.append(_C.BlockCost(max(r[0] for r in runs), max(r[1] for r in runs),
-                                          statistics.median(r[2] for r in runs), flight, stage))
+                                          statistics.median(r[2] for r in runs), flight, stage, moments))
         try:
             plan = _C.plan_for_budget(costs, self.memory_budget, _C.Release.AT_STEP_END)
         except ValueError:
@@ -244,7 +243,8 @@ class RankPlanner:
             n = len(self._measured[(stage, signature)].blocks)
             checkpointed[stage] = list(plan.checkpointed[at:at + n])
             at += n
-        blocks = sum(c.in_flight * (c.input_bytes if ck else c.saved_bytes) for c, ck in zip(costs, plan.checkpointed))
+        one_pass = max(_passes(costs, plan.checkpointed).values(), default=0)
+        blocks = _C.plan_bytes(costs, plan.checkpointed, 0, _C.Release.AT_STEP_END) - one_pass
         chosen = RankPlan(key, costs, plan, checkpointed, blocks, self.memory_budget - blocks)
         self._plans[key] = chosen
         self._use(chosen)
@@ -252,18 +252,23 @@ class RankPlanner:
         return chosen
 
     def _use(self, plan: RankPlan) -> None:
-        passes: Dict[int, int] = {}
-        for cost, checkpointed in zip(plan.costs, plan.plan.checkpointed):
-            passes[cost.group] = passes.get(cost.group, 0) + (cost.saved_bytes if checkpointed else 0)
-        self.budget.expect(passes)
+        self.budget.expect(_passes(plan.costs, plan.plan.checkpointed))
         self.budget.set(plan.session_bytes)
+
+
+def _passes(costs: List[_C.BlockCost], checkpointed: List[bool]) -> Dict[int, int]:
+    """Per stage, what one pass recomputes of a micro-batch: its checkpointed blocks' saved bytes."""
+    passes: Dict[int, int] = {}
+    for cost, c in zip(costs, checkpointed):
+        passes[cost.group] = passes.get(cost.group, 0) + (cost.saved_bytes if c else 0)
+    return passes
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:
     stages = "; ".join(f"stage {s}: checkpoints {[i for i, c in enumerate(ck) if c]} of {len(ck)} blocks"
                        for s, ck in plan.checkpointed.items())
     return (f"prefire.pipelining: memory budget {memory_budget} bytes: {stages}; the blocks hold at most "
-            f"{plan.blocks_bytes} bytes, one pass's recomputation {plan.plan.peak_bytes - plan.blocks_bytes}, the "
+            f"{plan.blocks_bytes} bytes, one pass's recomputation and prefires {plan.plan.peak_bytes - plan.blocks_bytes}, the "
             f"sessions may hold {plan.session_bytes}; recomputes {plan.plan.recompute_seconds * 1e3:.3f} ms per "
             f"micro-batch")
 

@@ -322,16 +322,17 @@ PYBIND11_MODULE(_C, m) {
   // Plans from a memory budget (plan.h).
   py::class_<BlockCost>(m, "BlockCost")
       .def(py::init([](int64_t saved_bytes, int64_t input_bytes, double recompute_seconds, int64_t in_flight,
-                       int64_t group) {
-             return BlockCost{saved_bytes, input_bytes, recompute_seconds, in_flight, group};
+                       int64_t group, std::vector<int64_t> alive) {
+             return BlockCost{saved_bytes, input_bytes, recompute_seconds, in_flight, group, std::move(alive)};
            }),
            py::arg("saved_bytes"), py::arg("input_bytes"), py::arg("recompute_seconds"), py::arg("in_flight") = 1,
-           py::arg("group") = -1)
+           py::arg("group") = -1, py::arg("alive") = std::vector<int64_t>{})
       .def_readonly("saved_bytes", &BlockCost::saved_bytes)
       .def_readonly("input_bytes", &BlockCost::input_bytes)
       .def_readonly("recompute_seconds", &BlockCost::recompute_seconds)
       .def_readonly("in_flight", &BlockCost::in_flight)
-      .def_readonly("group", &BlockCost::group);
+      .def_readonly("group", &BlockCost::group)
+      .def_readonly("alive", &BlockCost::alive);
   py::class_<Plan>(m, "Plan")
       .def_readonly("checkpointed", &Plan::checkpointed)
       .def_readonly("prefire_ahead", &Plan::prefire_ahead)

@@ -13,7 +13,12 @@
 // decides the rest (Release):
 //  * kAtStepEnd (a pipeline: B keeps what W needs, W runs later): all of it
 //    may still be held when the largest recomputation runs, so a plan holds
-//      sum over blocks of in_flight * (checkpointed ? input : saved)
+//      the most over the step's moments t of
+//        sum over blocks of alive[t] * (checkpointed ? input : saved)
+//      (a block without moments: in_flight at every one, so without any
+//      the sum of every block's in_flight; with them, the blocks of stages
+//      whose micro-batches leave at different moments are not all counted
+//      at their most at once)
 //    + (1 + ahead) * the largest pass: the saved bytes of a group's
 //      checkpointed blocks together (a pipeline stage's B recomputes all of
 //      them into one session and keeps them for W), a block without a
@@ -40,8 +45,10 @@
 //    0/1 knapsack: blocks larger than M are kept, the others each cost
 //    in_flight * (saved - input) bytes to keep and save their
 //    recompute_seconds. Every M among the blocks' sizes is tried. Groups
-//    make a pass larger than M; such candidates are refused by their bytes,
-//    so with groups this finds a plan that fits, not always the best.
+//    make a pass larger than M, and moments (BlockCost::alive) make a
+//    block cost less than in_flight times its bytes at some moments; both
+//    are left to plan_bytes(), which refuses the candidates that do not
+//    fit, so with either this finds a plan that fits, not always the best.
 //  * kInBackward: the constraints are per position, so a dynamic program
 //    over the blocks in forward order, its state what blocks 0..j hold;
 //    checkpointing j needs its recomputation to fit on top of that state.
@@ -60,9 +67,28 @@ namespace {
 
 constexpr int64_t kCapacityUnits = 4096;
 
+// The moments of a step the blocks have (BlockCost::alive); 0: none.
+size_t moments(const std::vector<BlockCost>& blocks) {
+  for (const BlockCost& b : blocks) {
+    if (!b.alive.empty()) return b.alive.size();
+  }
+  return 0;
+}
+
 void check(const std::vector<BlockCost>& blocks, Release release) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
+    for (int64_t a : b.alive) {
+      if (a < 0 || a > b.in_flight) {
+        throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + " holds " + std::to_string(a) +
+                                    " micro-batches at a moment, outside 0..in_flight=" +
+                                    std::to_string(b.in_flight));
+      }
+    }
+    if (!b.alive.empty() && (release == Release::kInBackward || b.alive.size() != moments(blocks))) {
+      throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + "'s moments (alive) must be as "
+                                  "many as every other block's, and only with Release::kAtStepEnd");
+    }
     if (b.saved_bytes < 0 || b.input_bytes < 0 || !(b.recompute_seconds >= 0) || b.in_flight < 1 || b.group < -1) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) +
                                   " has a negative size or time, in_flight below 1 or a group below -1");
@@ -91,16 +117,17 @@ int64_t add_product(int64_t a, int64_t b, int64_t c) {
 // checkpointed(i): whether block i is.
 template <typename Checkpointed>
 int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Checkpointed& checkpointed, int64_t ahead) {
-  int64_t held = 0;
+  const size_t n_moments = std::max<size_t>(1, moments(blocks));
+  std::vector<int64_t> at(n_moments, 0);           // what the blocks hold at each moment
   int64_t pass = -1;                               // the largest pass; -1: nothing checkpointed
   std::vector<std::pair<int64_t, int64_t>> groups;  // (group, its checkpointed blocks' saved bytes)
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
-    if (!checkpointed(i)) {
-      held = add_product(held, b.in_flight, b.saved_bytes);
-      continue;
+    const int64_t bytes = checkpointed(i) ? b.input_bytes : b.saved_bytes;
+    for (size_t t = 0; t < n_moments; ++t) {
+      at[t] = add_product(at[t], b.alive.empty() ? b.in_flight : b.alive[t], bytes);
     }
-    held = add_product(held, b.in_flight, b.input_bytes);
+    if (!checkpointed(i)) continue;
     int64_t together = b.saved_bytes;
     if (b.group >= 0) {
       auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == b.group; });
@@ -109,6 +136,7 @@ int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Checkpointe
     }
     pass = std::max(pass, together);
   }
+  const int64_t held = *std::max_element(at.begin(), at.end());
   return pass < 0 ? held : add_product(held, 1 + ahead, pass);
 }
 

@@ -214,3 +214,30 @@ def test_a_forward_that_changes_its_checkpoint_calls_is_refused(one_rank):
                                            "with 2"):
         run.step()
     run.close()
+
+
+def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(no_children_left):
+    from prefire.pipeline import run
+    from prefire.pipeline.config import RunConfig
+    from prefire.pipeline.sweep import TORCH, rows, table
+
+    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=TORCH + ("plan",), memory_budgets=(0.0, 0.5, 1.0),
+                    meter_blocks=True, steps=2, warmup=2, timeout_s=120)
+    summary = run(cfg, world=2)
+    assert no_children_left()
+    modes = summary["modes"]
+    for name, m in modes.items():
+        assert m["gradients"]["exact"], (name, m["gradients"])
+    # none holds the most, torch's checkpoint on every block the least, on every rank
+    for rank in range(2):
+        held = {t: modes[t]["ranks"][rank]["peak_held_bytes"] for t in TORCH}
+        assert held["none"] == max(held.values()) > held["torch"] == min(held.values())
+    sweep = rows(summary)
+    assert [r["name"] for r in sweep] == ["plan 0%", "plan 50%", "plan 100%"]
+    for r in sweep:
+        assert r["within_budget"], r
+        assert all(m <= b for m, b in zip(r["measuring_held"], r["budgets"])), r  # the measuring step too
+    least, _, most = sweep
+    assert all(all(c) for plan in least["plan"] for c in plan.values())          # the least checkpoints all
+    assert not any(any(c) for plan in most["plan"] for c in plan.values())       # all the memory keeps all
+    assert "torch-every2" in table(summary) and "plan 50%" in table(summary)
