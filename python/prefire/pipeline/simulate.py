@@ -4,6 +4,8 @@ would measure on more ranks than this machine can time.
     python -m prefire.pipeline --schedule zbv --modes none,torch,session,bubble --json zbv.json
     python -m prefire.pipeline.simulate validate zbv.json
     python -m prefire.pipeline.simulate predict zbv.json --ranks 4,8,16
+    python -m prefire.pipeline.sweep --json sweep.json
+    python -m prefire.pipeline.simulate search sweep.json
 
 Note [What the simulator replays]
 The order is torch's own: each rank's compute actions as the schedule
@@ -53,7 +55,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -61,6 +65,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import _C
 from .._order import Action, compute_actions
 from .config import SCHEDULES, stage_indices
 
@@ -496,6 +501,89 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
     }
 
 
+# --- the search over per-block plans ------------------------------------------------------------------------------
+
+# Note [Searching per-block plans]
+# A memory sweep (python -m prefire.pipeline.sweep) runs prefire's plan at
+# several budgets and records what each rank's plan was chosen from (its
+# blocks' costs, Note [A pipeline rank's memory plan]). ``search`` tries
+# every keep/checkpoint choice of every block on every rank that fits each
+# rank's budget by the plan's own count (plan_bytes), replays each, and sets
+# the fastest beside prefire's choice replayed the same way. A stage with
+# some of its blocks checkpointed takes, per action kind, none mode's time
+# plus session mode's extra (its recomputation) in the share of the stage's
+# recomputation seconds those blocks hold; the rest of the replay is as in
+# Note [What the simulator replays]. Both sides of the ratio are replays:
+# it measures the planner's choice (least recomputation, bytes by its
+# count), not the replay's fidelity (``validate`` does that).
+
+
+def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[bool]]:
+    """A plan run's rank: its blocks' costs and prefire's choice, in the plan's order."""
+    costs = [_C.BlockCost(saved, inputs, seconds, in_flight, group, alive)
+             for saved, inputs, seconds, in_flight, group, alive in rank["plan_costs"]]
+    chosen = [c for stage in sorted(rank["plan"], key=int) for c in rank["plan"][stage]]
+    return costs, chosen
+
+
+def _with_plan(costs: Costs, blocks: Sequence[Any], checkpointed: Sequence[bool]) -> Costs:
+    """``costs`` with a mode "plan": per stage, none's durations plus
+    session's extra in the share of the stage's recomputation checkpointed."""
+    total: Dict[int, float] = {}
+    chosen: Dict[int, float] = {}
+    for cost, c in zip(blocks, checkpointed):
+        total[cost.group] = total.get(cost.group, 0.0) + cost.recompute_seconds
+        chosen[cost.group] = chosen.get(cost.group, 0.0) + (cost.recompute_seconds if c else 0.0)
+    none, session = costs.action["none"], costs.action["session"]
+    table = {}
+    for key, base in none.items():
+        stage = key[1]
+        share = chosen.get(stage, 0.0) / total[stage] if total.get(stage) else 0.0
+        table[key] = base + share * max(0.0, session.get(key, base) - base)
+    return Costs(dict(costs.action, plan=table), costs.checkpoint, costs.checkpoints, costs.latency, costs.overhead,
+                 costs.tail)
+
+
+def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Per plan run of a memory sweep: the fastest replayed per-block plan
+    within every rank's budget, and prefire's plan replayed (Note
+    [Searching per-block plans])."""
+    cfg = summary["config"]
+    schedule, world, micro_batches = cfg["schedule"], cfg["world"], cfg["model"]["micro_batches"]
+    costs = measured_costs(summary)
+    orders = rank_orders(schedule, world, micro_batches)
+    groups = overlaps(schedule, world, micro_batches)
+    n_stages = SCHEDULES[schedule][1] * world
+    placement = _placement(schedule, world)
+
+    def step(blocks: Sequence[Any], checkpointed: Sequence[bool]) -> float:
+        return replay(orders, placement, n_stages, _with_plan(costs, blocks, checkpointed), "plan", groups).step_s
+
+    rows = []
+    for name, mode in summary["modes"].items():
+        if not name.startswith("plan "):
+            continue
+        plans = [_plan_of(r) for r in mode["ranks"]]
+        budgets = [r["memory_budget"] for r in mode["ranks"]]
+        fitting = []
+        for (blocks, _), budget in zip(plans, budgets):
+            choices = [list(c) for c in itertools.product((False, True), repeat=len(blocks))]
+            fitting.append([c for c in choices if _C.plan_bytes(blocks, c, 0, _C.Release.AT_STEP_END) <= budget])
+        blocks = [b for rank_blocks, _ in plans for b in rank_blocks]
+        best_s, best = float("inf"), None
+        for combo in itertools.product(*fitting):
+            checkpointed = [c for rank in combo for c in rank]
+            s = step(blocks, checkpointed)
+            if s < best_s:
+                best_s, best = s, checkpointed
+        chosen = [c for _, rank_chosen in plans for c in rank_chosen]
+        chosen_s = step(blocks, chosen)
+        rows.append({"name": name, "budgets": budgets, "plans_tried": math.prod(len(f) for f in fitting),
+                     "best_s": best_s, "best": best, "chosen_s": chosen_s, "chosen": chosen,
+                     "chosen_over_best": chosen_s / best_s, "measured_s": mode["step_s"]})
+    return rows
+
+
 def _read(path: str) -> Dict[str, Any]:
     with open(path) as f:
         return json.load(f)
@@ -513,8 +601,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     pr.add_argument("--ranks", default="4,8,16")
     pr.add_argument("--json", metavar="PATH", help="write the predictions as JSON")
     pr.add_argument("--plot", metavar="PATH", help="plot step time / torch's and H against ranks")
+    se = sub.add_parser("search", help="a memory sweep's plans against the fastest per-block plan within each "
+                                       "budget (python -m prefire.pipeline.sweep --json)")
+    se.add_argument("runs", nargs="+", metavar="SWEEP.json")
     a = p.parse_args(argv)
     summaries = [_read(path) for path in a.runs]
+    if a.command == "search":
+        print(f"{'schedule':14} {'run':9} {'plans':>5} {'best ms':>8} {'prefire ms':>10} {'prefire/best':>12} "
+              f"{'measured ms':>11}  best plan (c: checkpointed, k: kept) / prefire's")
+        for summary in summaries:
+            for row in search(summary):
+                def letters(plan):
+                    return "".join("c" if c else "k" for c in plan)
+                print(f"{summary['config']['schedule']:14} {row['name']:9} {row['plans_tried']:5d} "
+                      f"{row['best_s'] * 1e3:8.1f} {row['chosen_s'] * 1e3:10.1f} {row['chosen_over_best']:12.3f} "
+                      f"{row['measured_s'] * 1e3:11.1f}  {letters(row['best'])} / {letters(row['chosen'])}")
+        return 0
     if a.command == "validate":
         print(f"{'schedule':18} {'mode':8} {'step ms':>8} {'replay':>8} {'diff':>6}   "
               f"{'bubble ms (steps min-max)':>26} {'replay':>8} {'diff':>6}")

@@ -6,8 +6,10 @@ next to the configurations a user writes with torch's checkpoint (every
 block, every n-th block for n = 2, 3, 4, none) that fit the same budget on
 every rank: peak activation bytes per rank (the census of the blocks' saved
 tensors, checkpoint inputs and recomputations; every block runs in a
-SavedTensorMeter) and step time. Prints a table, and with --plot step time
-against peak activation memory, one curve per approach."""
+SavedTensorMeter) and step time. Session mode (every block checkpointed,
+unmetered) runs too, for the simulator's search over per-block plans
+(``python -m prefire.pipeline.simulate search``). Prints a table, and with
+--plot step time against peak activation memory, one curve per approach."""
 
 from __future__ import annotations
 
@@ -115,7 +117,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     model = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2) if a.tiny \
         else ModelConfig()
     fractions = tuple(float(f) for f in a.memory_budgets.split(",") if f)
-    config = RunConfig(model=model, schedule=a.schedule, modes=TORCH + ("plan",), steps=a.steps, warmup=a.warmup,
+    config = RunConfig(model=model, schedule=a.schedule, modes=TORCH + ("session", "plan"), steps=a.steps,
+                       warmup=a.warmup,
                        memory_budgets=fractions, meter_blocks=True, timeout_s=600.0)
     try:
         summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
@@ -124,8 +127,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(table(summary))
     summary["sweep"] = rows(summary)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({k: v for k, v in summary.items() if k != "timelines"}, f, indent=1)
+        with open(a.json, "w") as f:  # with the timelines: the simulator's search reads them
+            json.dump(summary, f)
     if a.plot:
         plot(summary, a.plot)
     return 0

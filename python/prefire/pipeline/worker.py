@@ -238,6 +238,10 @@ class ModeRun:
             "plan": ({str(s): c for s, c in self.sessions.plan.checkpointed.items()}
                      if self.sessions is not None and self.sessions.plan is not None else None),
             "measuring_held_bytes": self.steps[0]["peak_held_bytes"],
+            # what the plan was chosen from, in the plan's order (the simulator's search)
+            "plan_costs": ([[c.saved_bytes, c.input_bytes, c.recompute_seconds, c.in_flight, c.group, list(c.alive)]
+                            for c in self.sessions.plan.costs]
+                           if self.sessions is not None and self.sessions.plan is not None else None),
             # one pass's recomputation: the least a budget can hold a rank to
             "floor_bytes": self.sessions.budget.pass_bytes if self.sessions is not None else None,
             "eval_recomputations": self.eval_recomputations,
