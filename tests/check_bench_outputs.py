@@ -3,7 +3,8 @@
 report has every mode with every figure, the trace is valid Chrome trace JSON
 with every schedule phase, and the SVG is well-formed SVG with one labelled
 point per mode; a second run in the zbh1 order checks its recomputation
-counts, and a bad flag gives a usage error. Gradients must match the
+counts, a third the memory sweep (every plan within its budget), and a bad
+flag gives a usage error. Gradients must match the
 unchecked run bit for bit (CPU, one thread: the program exits non-zero
 otherwise)."""
 
@@ -66,6 +67,31 @@ def main(bench: str) -> int:
         letters = {"forward": "F", "B": "B", "W": "W"}
         step = [letters[e["name"]] + str(e["args"]["micro_batch"]) for e in events][:9]
         assert step == ["F0", "F1", "B0", "F2", "B1", "W0", "B2", "W1", "W2"], step
+
+        # The memory sweep: every plan within its budget (the census), exact gradients, and the configurations
+        # a torch user writes recomputing what they checkpoint in B and again in W
+        sweep = subprocess.run(tiny[:2] + ["4"] + tiny[3:] + ["--micro-batches", "2", "--memory-sweep",
+                                                                "--memory-budgets", "0.1,0.5,1", "--json",
+                                                                str(out / "s.json")],
+                               capture_output=True, text=True, timeout=300)
+        print(sweep.stdout)
+        assert sweep.returncode == 0, f"sweep exited {sweep.returncode}: {sweep.stderr}"
+        assert "memory sweep" in sweep.stdout and "OVER BUDGET" not in sweep.stdout
+        s = {m["label"]: m for m in json.loads((out / "s.json").read_text())["modes"]}
+        assert list(s) == ["none", "graph-task", "every 2", "every 3", "every 4", "plan 10%", "plan 50%", "plan 100%"]
+        assert all(m["max_grad_diff"] == 0 for m in s.values()), s
+        assert s["every 2"]["checkpointed"] == [True, False, True, False]
+        assert s["every 2"]["recomputes_per_step"] == 2 * 2 * 2  # micro-batches x checkpointed blocks x passes
+        for label in ("plan 10%", "plan 50%", "plan 100%"):
+            m = s[label]
+            assert m["least_plan_bytes"] <= m["budget_bytes"] and m["plan_bytes"] <= m["budget_bytes"], m
+            assert m["peak_held_bytes"] <= m["budget_bytes"], m
+            checkpointed = sum(m["checkpointed"])
+            # each checkpointed block once per micro-batch, again in W where B let go of its recomputation
+            assert m["recomputes_per_step"] == checkpointed * (2 + m["released_after_b_per_step"]), m
+        assert s["plan 10%"]["budget_bytes"] == s["plan 10%"]["least_plan_bytes"]  # below the least: the least
+        assert all(s["plan 10%"]["checkpointed"]) and s["plan 10%"]["measuring_held_bytes"] <= s["plan 10%"]["budget_bytes"]
+        assert s["plan 100%"]["budget_bytes"] == s["none"]["peak_held_bytes"]
 
         bad = subprocess.run([bench, "--order", "sideways"], capture_output=True, text=True, timeout=60)
         assert bad.returncode != 0 and "--order" in bad.stderr, (bad.returncode, bad.stderr)

@@ -34,6 +34,8 @@ struct Options {
   std::string device = "auto";
   int threads = 1;
   std::vector<double> budgets = {0.25, 0.5};
+  std::vector<int> every = {2, 3, 4};
+  std::vector<double> memory_budgets = {0.25, 0.5, 0.75, 1.0};
   std::vector<std::string> modes = {"none", "graph-task", "session", "prefire", "budget"};
   bool session_pool = false;
   std::string json, plot, trace;
@@ -64,11 +66,23 @@ Options parse(int argc, char** argv) {
       ->check(CLI::IsMember({"zb", "bw", "zbh1"}))->group("schedule");
   app.add_option("--in-flight", o.run.in_flight, "zbh1: warm-up forwards and W deferral, in micro-batches")
       ->check(CLI::PositiveNumber)->group("schedule");
-  app.add_option("--modes", o.modes, "modes to run: none, graph-task, session, prefire, budget")
-      ->delimiter(',')->check(CLI::IsMember({"none", "graph-task", "session", "prefire", "budget"}))
+  app.add_option("--modes", o.modes,
+                 "modes to run: none, graph-task, session, prefire, budget, every (graph-task checkpoints on every "
+                 "n-th block), plan (prefire's plan from a memory budget); --memory-sweep runs the sweep's")
+      ->delimiter(',')->check(CLI::IsMember({"none", "graph-task", "session", "prefire", "budget", "every", "plan"}))
       ->group("modes");
   app.add_option("--budgets", o.budgets, "budget modes: fractions of the prefire mode's peak session bytes")
       ->delimiter(',')->check(CLI::PositiveNumber)->group("modes");
+  app.add_option("--every", o.every, "every modes: one per n, checkpointing the blocks whose index is a multiple")
+      ->delimiter(',')->check(CLI::PositiveNumber)->group("modes");
+  app.add_option("--memory-budgets", o.memory_budgets,
+                 "plan modes: one per fraction of the none mode's peak held bytes (the least plan where that is less)")
+      ->delimiter(',')->check(CLI::PositiveNumber)->group("modes");
+  bool sweep = false;
+  app.add_flag("--memory-sweep", sweep,
+               "the memory sweep: modes none, graph-task, every and plan, and a table of each plan against the "
+               "configurations that fit its budget")
+      ->group("modes");
   app.add_option("--device", o.device, "auto (cuda when present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->group("machine");
   app.add_flag("--session-pool", o.session_pool,
@@ -84,6 +98,7 @@ Options parse(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::exit(app.exit(e));
   }
+  if (sweep) o.modes = {"none", "graph-task", "every", "plan"};
   o.run.order = order == "zb" ? Order::kAllBThenW : order == "bw" ? Order::kInterleaved : Order::kZbH1;
   if (m.hidden % m.heads != 0) {
     throw std::invalid_argument("--hidden (" + std::to_string(m.hidden) + ") must be a multiple of --heads (" +
@@ -145,11 +160,13 @@ int main(int argc, char** argv) {
                 m.dropout, c.warmup, c.steps, c.device.str().c_str(),
                 prefire::session_pool_enabled() ? " (session pool)" : "", o.threads);
 
-    std::vector<std::pair<Mode, std::optional<double>>> plan = {{Mode::kNone, std::nullopt}};
-    if (wants(o, "graph-task")) plan.push_back({Mode::kGraphTask, std::nullopt});
-    if (wants(o, "session")) plan.push_back({Mode::kSession, std::nullopt});
-    if (wants(o, "prefire") || wants(o, "budget")) plan.push_back({Mode::kPrefire, std::nullopt});
+    std::vector<ModeSpec> plan = {{Mode::kNone}};
+    if (wants(o, "graph-task")) plan.push_back({Mode::kGraphTask});
+    if (wants(o, "session")) plan.push_back({Mode::kSession});
+    if (wants(o, "prefire") || wants(o, "budget")) plan.push_back({Mode::kPrefire});
     if (wants(o, "budget")) for (double f : o.budgets) plan.push_back({Mode::kBudget, f});
+    if (wants(o, "every")) for (int n : o.every) plan.push_back({Mode::kEvery, std::nullopt, 0, n});
+    if (wants(o, "plan")) for (double f : o.memory_budgets) plan.push_back({Mode::kPlan, f});
 
     Trace trace;
     Trace* tracing = o.trace.empty() ? nullptr : &trace;
@@ -160,17 +177,17 @@ int main(int argc, char** argv) {
     const ModeResult* reference = nullptr;
     int64_t prefire_session_peak = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
-      auto [mode, fraction] = plan[i];
-      int64_t budget = fraction ? static_cast<int64_t>(*fraction * double(prefire_session_peak)) : 0;
-      const std::string name = std::string(to_string(mode)) +
-                               (fraction ? " " + std::to_string(static_cast<int>(*fraction * 100 + 0.5)) + "%" : "");
+      ModeSpec spec = plan[i];
+      if (spec.mode == Mode::kBudget) spec.budget_bytes = static_cast<int64_t>(*spec.fraction * double(prefire_session_peak));
+      if (spec.mode == Mode::kPlan) spec.budget_bytes = static_cast<int64_t>(*spec.fraction * double(reference->peak_held_bytes));
+      const std::string name = label(spec);
       if (tracing) trace.begin_process(static_cast<int>(i), name);
       const int done_before = static_cast<int>(i) * (c.warmup + c.steps);
-      auto result = run_mode(c, mode, fraction, budget, /*session_base=*/1000 * static_cast<int64_t>(i + 1), reference,
-                             tracing, [&](int step) { progress.update(name, done_before + step); });
-      if (mode == Mode::kPrefire) prefire_session_peak = result.peak_session_bytes;
+      auto result = run_mode(c, spec, /*session_base=*/1000 * static_cast<int64_t>(i + 1), reference, tracing,
+                             [&](int step) { progress.update(name, done_before + step); });
+      if (spec.mode == Mode::kPrefire) prefire_session_peak = result.peak_session_bytes;
       results.push_back(std::move(result));
-      if (mode == Mode::kNone) reference = &results.front();
+      if (spec.mode == Mode::kNone) reference = &results.front();
     }
     if (tracing) trace.stop_observing();
     if (!wants(o, "none")) results.erase(results.begin());
@@ -180,6 +197,7 @@ int main(int argc, char** argv) {
     }
 
     print_table(stdout, c, results);
+    if (wants(o, "plan")) print_memory_sweep(stdout, results);
     std::printf("\nmemory: %s; session: largest one micro-batch's session held; budgets are fractions of the "
                 "prefire mode's session peak.\n",
                 c.device.is_cuda() ? "CUDA allocator peak" : "peak bytes of saved and recomputed tensors (runtime accounting)");

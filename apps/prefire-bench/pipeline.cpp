@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 namespace prefire_bench {
 
@@ -77,27 +78,85 @@ const char* to_string(Mode mode) {
       return "prefire";
     case Mode::kBudget:
       return "budget";
+    case Mode::kEvery:
+      return "every";
+    case Mode::kPlan:
+      return "plan";
   }
   return "?";
 }
 
-bool uses_sessions(Mode m) { return m == Mode::kSession || m == Mode::kPrefire || m == Mode::kBudget; }
+bool uses_sessions(Mode m) {
+  return m == Mode::kSession || m == Mode::kPrefire || m == Mode::kBudget || m == Mode::kPlan;
+}
+
+std::string label(const ModeSpec& spec) {
+  if (spec.mode == Mode::kEvery) return "every " + std::to_string(spec.every);
+  std::string out = to_string(spec.mode);
+  if (spec.fraction) out += " " + std::to_string(static_cast<int>(*spec.fraction * 100 + 0.5)) + "%";
+  return out;
+}
+
+// Note [prefire-bench's memory plan]
+// The plan mode is what enable(schedule, memory_budget=...) does for a
+// Python pipeline (Note [A pipeline rank's memory plan]), on one stage:
+// the first step (a warm-up step) checkpoints every block, measures per
+// block its kept bytes (prefire::kept_bytes of its checkpoint), its input's
+// bytes and its forward's time, and lets go of every session after its B
+// (W recomputes), holding the least. Then prefire::plan_for_budget chooses
+// (Release::kAtStepEnd, the stage's blocks one group, moments from the
+// order: a micro-batch is held from its forward to its W), and every later
+// step runs that plan: kept blocks unchecked, the others prefired before
+// their B as in prefire mode. After each B the session keeps its
+// recomputation for W only if one more pass still fits beside what the
+// census holds now; otherwise it lets go (a fresh session, which W
+// recomputes into). The budget covers the census (runtime_stats()'s held
+// bytes: the stage's saved tensors, checkpoint inputs and recomputations).
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using prefire::TensorList;
 
-bool checkpointed(Mode m) { return m != Mode::kNone; }
-bool prefires(Mode m) { return m == Mode::kPrefire || m == Mode::kBudget; }
+bool prefires(Mode m) { return m == Mode::kPrefire || m == Mode::kBudget || m == Mode::kPlan; }
 
-at::Tensor stage_forward(const Stage& stage, at::Tensor h, bool checkpoint) {
-  for (const auto& blk : stage.blocks) {
-    h = checkpoint ? prefire::checkpoint([&blk](const TensorList& in) { return TensorList{blk.forward(in[0])}; },
-                                         {h})[0]
-                   : blk.forward(h);
+// The stage's forward, block i checkpointed where checkpointed[i]; with
+// `seconds`, each block's forward time is added to it (the plan's measuring).
+at::Tensor stage_forward(const Stage& stage, at::Tensor h, const std::vector<bool>& checkpointed,
+                         std::vector<double>* seconds = nullptr, std::vector<int64_t>* input_bytes = nullptr) {
+  for (size_t i = 0; i < stage.blocks.size(); ++i) {
+    const auto& blk = stage.blocks[i];
+    const auto begin = Clock::now();
+    if (input_bytes) {  // what its checkpoint holds: its input, unless a leaf that requires grad (never counted)
+      (*input_bytes)[i] = h.is_leaf() && h.requires_grad() ? 0 : static_cast<int64_t>(h.storage().nbytes());
+    }
+    h = checkpointed[i]
+            ? prefire::checkpoint([&blk](const TensorList& in) { return TensorList{blk.forward(in[0])}; }, {h})[0]
+            : blk.forward(h);
+    if (seconds) (*seconds)[i] += std::chrono::duration<double>(Clock::now() - begin).count();
   }
   return h;
+}
+
+// Per block: checkpointed in `mode` (the plan's choice is made after its measuring step).
+std::vector<bool> blocks_checkpointed(const ModeSpec& spec, int layers) {
+  std::vector<bool> out(static_cast<size_t>(layers), spec.mode != Mode::kNone);
+  if (spec.mode == Mode::kEvery) {
+    for (int i = 0; i < layers; ++i) out[static_cast<size_t>(i)] = i % spec.every == 0;
+  }
+  return out;
+}
+
+// The micro-batches the stage holds after each pass of `passes`: from a
+// forward to its W (Note [prefire-bench's memory plan]).
+std::vector<int64_t> moments(const std::vector<std::pair<Pass, int>>& passes) {
+  std::vector<int64_t> alive;
+  int64_t held = 0;
+  for (const auto& [pass, mb] : passes) {
+    held += pass == Pass::kForward ? 1 : pass == Pass::kW ? -1 : 0;
+    alive.push_back(held);
+  }
+  return alive;
 }
 
 // Runs `work` and, with a trace, records it as one event; returns its host time in ms.
@@ -121,23 +180,33 @@ double max_abs_diff(const TensorList& a, const TensorList& b) {
 
 }  // namespace
 
-ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> budget_fraction, int64_t budget_bytes,
-                    prefire::SessionId session_base, const ModeResult* reference, Trace* trace,
-                    const std::function<void(int)>& progress) {
+ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::SessionId session_base,
+                    const ModeResult* reference, Trace* trace, const std::function<void(int)>& progress) {
+  const Mode mode = spec.mode;
   ModeResult result;
   result.mode = mode;
-  result.budget_fraction = budget_fraction;
-  result.budget_bytes = budget_bytes;
-  result.label = to_string(mode);
-  if (budget_fraction) result.label += " " + std::to_string(static_cast<int>(*budget_fraction * 100 + 0.5)) + "%";
+  result.budget_fraction = spec.fraction;
+  result.budget_bytes = spec.budget_bytes;
+  result.label = label(spec);
+  if (mode == Mode::kEvery && spec.every < 1) throw std::invalid_argument("every: n must be at least 1");
+  if (mode == Mode::kPlan && config.warmup < 1) {
+    throw std::invalid_argument("plan mode measures in its first step: --warmup must be at least 1");
+  }
 
   Stage stage(config.model, config.device, config.seed);
   const TensorList params = stage.params();
   const int mbs = config.micro_batches;
+  const size_t layers = stage.blocks.size();
+  const auto passes = schedule(config.order, mbs, config.in_flight);
+  std::vector<bool> checkpointed = blocks_checkpointed(spec, static_cast<int>(layers));
+  // a micro-batch's session, and the one W recomputes into when B let go of it (plan mode)
   auto session = [&](int mb) { return session_base + mb; };
+  auto w_session = [&](int mb) { return session_base + 500 + mb; };
   if (mode == Mode::kBudget) {
-    for (int mb = 0; mb < mbs; ++mb) prefire::set_session_budget(session(mb), budget_bytes);
+    for (int mb = 0; mb < mbs; ++mb) prefire::set_session_budget(session(mb), spec.budget_bytes);
   }
+  int64_t pass_bytes = 0;  // plan: what one pass recomputes of a micro-batch (its checkpointed blocks' kept bytes)
+  int64_t released = 0;    // plan: sessions let go after B in the measured steps
   int64_t recomputations_measured = 0, refused_measured = 0;
   std::vector<double> forward_per_mb, b_per_mb, w_per_mb;  // ms, per measured step
   const auto opts = at::TensorOptions().device(config.device).dtype(config.model.dtype);
@@ -161,17 +230,28 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
 
     std::vector<std::vector<prefire::CheckpointHandle>> handles(mbs);
     std::vector<prefire::WeightPass> weight_passes(mbs);
+    std::vector<bool> w_recomputes(mbs, false);  // plan: B let go of the micro-batch's recomputation
+    const bool measuring = mode == Mode::kPlan && step == 0;  // Note [prefire-bench's memory plan]
+    std::vector<double> block_seconds(layers, 0.0);
+    std::vector<int64_t> block_inputs(layers, 0), block_kept(layers, 0), inputs(layers, 0);
     TensorList dx(mbs), dw;
     double forward_ms = 0, b_ms = 0, w_ms = 0;
     {
       prefire::SavedTensorMeter meter;  // counts what forward saves outside checkpoints
-      for (const auto& [pass, mb] : schedule(config.order, mbs, config.in_flight)) {
+      for (const auto& [pass, mb] : passes) {
         switch (pass) {
           case Pass::kForward:
             forward_ms += phase(trace, "forward", mb, [&, mb = mb] {
               prefire::HandleCollector collect;
-              y[mb] = stage_forward(stage, x[mb], checkpointed(mode));
+              y[mb] = stage_forward(stage, x[mb], checkpointed, measuring ? &block_seconds : nullptr,
+                                    measuring ? &inputs : nullptr);
               handles[mb] = collect.handles();
+              if (measuring) {
+                for (size_t i = 0; i < layers; ++i) {
+                  block_kept[i] = std::max(block_kept[i], prefire::kept_bytes(handles[mb].at(i)));
+                  block_inputs[i] = std::max(block_inputs[i], inputs[i]);
+                }
+              }
               if (mode == Mode::kSession) {
                 for (const auto& h : handles[mb]) prefire::attach(h, session(mb));
               }
@@ -191,6 +271,13 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
               weight_passes[mb] = std::move(split.weight_pass);
             });
             y[mb].reset();  // the graph belongs to the weight pass now
+            if (mode == Mode::kPlan && !handles[mb].empty() &&
+                (measuring || prefire::runtime_stats().held_bytes + pass_bytes > result.budget_bytes)) {
+              prefire::clear_session(session(mb));  // W recomputes into a session of its own
+              for (const auto& h : handles[mb]) prefire::attach(h, w_session(mb));
+              w_recomputes[mb] = true;
+              if (step >= config.warmup) ++released;
+            }
             if (uses_sessions(mode)) {
               const auto stats = prefire::session_stats(session(mb));
               result.held_b_to_w_bytes = std::max(result.held_b_to_w_bytes, stats.current_bytes);
@@ -203,7 +290,10 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
           case Pass::kW:
             w_ms += phase(trace, "W", mb, [&, mb = mb] {
               std::optional<prefire::SessionScope> scope;
-              if (uses_sessions(mode)) scope.emplace(session(mb), prefire::SessionOptions{/*retain_on_unpack=*/false});
+              if (uses_sessions(mode)) {
+                scope.emplace(w_recomputes[mb] ? w_session(mb) : session(mb),
+                              prefire::SessionOptions{/*retain_on_unpack=*/false});
+              }
               auto g = weight_passes[mb].run();
               if (dw.empty()) {
                 dw = g;
@@ -212,10 +302,11 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
               }
             });
             if (uses_sessions(mode)) {
-              const auto stats = prefire::session_stats(session(mb));
+              const prefire::SessionId id = w_recomputes[mb] ? w_session(mb) : session(mb);
+              const auto stats = prefire::session_stats(id);
               result.peak_session_bytes = std::max(result.peak_session_bytes, stats.peak_bytes);
               refused += stats.refused_prefires;
-              phase(trace, "clear", mb, [&, mb = mb] { prefire::clear_session(session(mb)); });
+              phase(trace, "clear", mb, [&, id] { prefire::clear_session(id); });
             }
             break;
         }
@@ -246,8 +337,26 @@ ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> bu
         }
       }
     }
+    if (measuring) {
+      result.measuring_held_bytes = prefire::runtime_stats().peak_held_bytes;
+      std::vector<prefire::BlockCost> costs(layers);
+      const std::vector<int64_t> alive = moments(passes);
+      const int64_t in_flight = *std::max_element(alive.begin(), alive.end());
+      for (size_t i = 0; i < layers; ++i) {
+        costs[i] = prefire::BlockCost{block_kept[i], block_inputs[i], block_seconds[i] / mbs, in_flight, 0, alive};
+      }
+      result.least_plan_bytes = prefire::least_plan_bytes(costs);
+      result.budget_bytes = std::max(spec.budget_bytes, result.least_plan_bytes);  // a sweep's lowest point
+      const prefire::Plan plan = prefire::plan_for_budget(costs, result.budget_bytes);
+      checkpointed = plan.checkpointed;
+      result.plan_bytes = prefire::plan_bytes(costs, checkpointed);
+      pass_bytes = 0;
+      for (size_t i = 0; i < layers; ++i) pass_bytes += checkpointed[i] ? block_kept[i] : 0;
+    }
     if (progress) progress(step + 1);
   }
+  result.checkpointed = checkpointed;
+  result.released_after_b_per_step = double(released) / config.steps;
   result.peak_device_bytes = device_peak_bytes(config.device);
   result.peak_reserved_bytes = device_peak_reserved_bytes(config.device);
   result.peak_rss_bytes = config.device.is_cpu() ? peak_rss_bytes() : -1;

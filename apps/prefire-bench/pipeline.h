@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,10 +25,22 @@ enum class Mode {
   kSession,    // a session per micro-batch, lazy: recomputed in B, reused in W
   kPrefire,    // sessions + prefire of a micro-batch's checkpoints just before its B
   kBudget,     // prefire under a byte budget per session
+  kEvery,      // graph-task checkpoints on every n-th block only (what torch users write: every n-th layer)
+  kPlan,       // prefire's plan from a memory budget: the first step measures, then each block kept or
+               // checkpointed as prefire::plan_for_budget chose (Note [prefire-bench's memory plan])
 };
 const char* to_string(Mode mode);
-/// Whether `mode` gives each micro-batch a session (session, prefire, budget).
+/// Whether `mode` gives each micro-batch a session (session, prefire, budget, plan).
 bool uses_sessions(Mode mode);
+
+/// One mode to run.
+struct ModeSpec {
+  Mode mode = Mode::kNone;
+  std::optional<double> fraction;  // budget: of the prefire mode's session peak; plan: of none's peak held bytes
+  int64_t budget_bytes = 0;        // bytes: budget: per session; plan: the memory budget (the least plan if more)
+  int every = 0;                   // kEvery: checkpoint the blocks whose index is a multiple of it
+};
+std::string label(const ModeSpec& spec);
 
 /// The order of the passes.
 enum class Order {
@@ -70,6 +83,11 @@ struct ModeResult {
   int64_t peak_device_bytes = -1;  // bytes: CUDA allocator peak (CUDA runs only)
   int64_t peak_reserved_bytes = -1;  // bytes: CUDA allocator peak reserved (CUDA runs only)
   int64_t peak_rss_bytes = -1;     // bytes: process peak RSS over the mode (CPU runs, when measurable)
+  std::vector<bool> checkpointed;  // per block, in the measured steps
+  int64_t least_plan_bytes = -1;   // bytes: plan: the least any plan holds (the budget's floor)
+  int64_t plan_bytes = -1;         // bytes: plan: what the chosen plan holds by its count
+  int64_t measuring_held_bytes = -1;  // bytes: plan: what the measuring step held
+  double released_after_b_per_step = 0;  // plan: sessions let go after B for the budget (W recomputed them)
   double max_grad_diff = 0;      // max |grad - grad(none)| over steps, dx and dw
   std::vector<std::vector<at::Tensor>> grads;  // per measured step: dx of each micro-batch, then dw
 };
@@ -77,8 +95,7 @@ struct ModeResult {
 /// Runs `mode` from fresh weights (same seed for every mode). `session_base`
 /// keeps the modes' session ids apart; `reference` (the `none` run) gives the
 /// gradient difference. `progress(step)` is called after each step.
-ModeResult run_mode(const RunConfig& config, Mode mode, std::optional<double> budget_fraction, int64_t budget_bytes,
-                    prefire::SessionId session_base, const ModeResult* reference, Trace* trace,
-                    const std::function<void(int)>& progress);
+ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::SessionId session_base,
+                    const ModeResult* reference, Trace* trace, const std::function<void(int)>& progress);
 
 }  // namespace prefire_bench

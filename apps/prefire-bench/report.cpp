@@ -59,6 +59,38 @@ void print_table(std::FILE* out, const RunConfig& c, const std::vector<ModeResul
   }
 }
 
+void print_memory_sweep(std::FILE* out, const std::vector<ModeResult>& results) {
+  const ModeResult* none = nullptr;
+  for (const auto& r : results) {
+    if (r.mode == Mode::kNone) none = &r;
+  }
+  std::fprintf(out, "\nmemory sweep (budgets: fractions of none's peak held bytes, the least plan where that is "
+                    "less; c: checkpointed, k: kept)\n%-10s %10s %9s %9s %10s  %-8s %-44s %9s %7s\n",
+               "plan", "budget MiB", "held MiB", "plan MiB", "step ms", "blocks", "that fit: step ms", "plan/best",
+               "/none");
+  for (const auto& r : results) {
+    if (r.mode != Mode::kPlan) continue;
+    std::string blocks, fit;
+    for (bool c : r.checkpointed) blocks += c ? 'c' : 'k';
+    const double step = spread(r.step_ms).median;
+    double best = 0;
+    for (const auto& other : results) {
+      const bool configuration = other.mode == Mode::kNone || other.mode == Mode::kGraphTask || other.mode == Mode::kEvery;
+      if (!configuration || other.peak_held_bytes > r.budget_bytes) continue;
+      const double s = spread(other.step_ms).median;
+      char cell[48];
+      std::snprintf(cell, sizeof cell, "%s%s %.0f", fit.empty() ? "" : ", ", other.label.c_str(), s);
+      fit += cell;
+      if (best == 0 || s < best) best = s;
+    }
+    std::fprintf(out, "%-10s %10.2f %9.2f %9.2f %10.1f  %-8s %-44s %9s %7.2f%s\n", r.label.c_str(), mib(r.budget_bytes),
+                 mib(r.peak_held_bytes), mib(r.plan_bytes), step, blocks.c_str(), fit.empty() ? "none fits" : fit.c_str(),
+                 best > 0 ? std::to_string(step / best).substr(0, 4).c_str() : "-",
+                 none ? step / spread(none->step_ms).median : NAN,
+                 r.peak_held_bytes > r.budget_bytes ? "  OVER BUDGET" : "");
+  }
+}
+
 namespace {
 // A figure measured only where it applies: JSON null otherwise (and for NaN).
 template <typename T>
@@ -99,6 +131,11 @@ void write_json(const std::string& path, const RunConfig& c, const std::vector<M
         {"recomputes_per_step", r.recomputes_per_step},
         {"refused_prefires_per_step", r.refused_per_step},
         {"max_grad_diff", measured(r.max_grad_diff)},
+        {"checkpointed", r.checkpointed},
+        {"least_plan_bytes", measured(r.least_plan_bytes, r.mode == Mode::kPlan)},
+        {"plan_bytes", measured(r.plan_bytes, r.mode == Mode::kPlan)},
+        {"measuring_held_bytes", measured(r.measuring_held_bytes, r.mode == Mode::kPlan)},
+        {"released_after_b_per_step", measured(r.released_after_b_per_step, r.mode == Mode::kPlan)},
     });
   }
   report["modes"] = std::move(modes);

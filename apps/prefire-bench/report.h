@@ -22,6 +22,10 @@ Spread spread(std::vector<double> v);
 int64_t headline_bytes(const ModeResult& r);
 
 void print_table(std::FILE* out, const RunConfig& config, const std::vector<ModeResult>& results);
+/// Per plan mode: its budget, what it held, its step, its blocks, and the
+/// configurations without a plan (none, graph-task, every n) that fit the
+/// same budget, the fastest of them and the ratios.
+void print_memory_sweep(std::FILE* out, const std::vector<ModeResult>& results);
 /// Throws std::runtime_error when a file cannot be written.
 void write_json(const std::string& path, const RunConfig& config, const std::vector<ModeResult>& results);
 void write_svg(const std::string& path, const RunConfig& config, const std::vector<ModeResult>& results);
