@@ -45,9 +45,9 @@ class RunConfig:
     #: begin); above 1 leaves room for bubble prefires
     budgets: Tuple[float, ...] = (0.75, 0.5, 0.25)
     #: plan mode: one run per fraction; a rank's memory budget is that share
-    #: of what keeping every block holds (by the plan's count), the least
-    #: plan if that is more, from what the run's measuring step (its first)
-    #: found
+    #: of what none mode held on the rank (without none mode: of what
+    #: keeping every block holds by the plan's count), the least plan if
+    #: that is more; set after the plan's measuring step (its first)
     memory_budgets: Tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     #: every block runs in a SavedTensorMeter, so peak_held_bytes counts the
     #: blocks' activations, and the stages let go of a step's state after it

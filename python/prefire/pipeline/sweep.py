@@ -1,7 +1,7 @@
 """The pipeline program's memory sweep: ``python -m prefire.pipeline.sweep``.
 
-For each memory budget (a share of what keeping every block holds, from
-the least plan up), prefire's plan (``enable(schedule, memory_budget=...)``)
+For each memory budget (a share of what none mode held on the rank, the
+least plan where that is less), prefire's plan (``enable(schedule, memory_budget=...)``)
 next to the configurations a user writes with torch's checkpoint (every
 block, every n-th block for n = 2, 3, 4, none) that fit the same budget on
 every rank: peak activation bytes per rank (the census of the blocks' saved
@@ -106,7 +106,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv")
     p.add_argument("--memory-budgets", default="0,0.25,0.5,0.75,1",
-                   help="a rank's budget per plan run: this share of what keeping every block holds")
+                   help="a rank's budget per plan run: this share of what none mode held there")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)

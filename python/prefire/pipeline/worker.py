@@ -156,6 +156,7 @@ class ModeRun:
         self.args = (tokens,) if 0 in self.indices else ()
         self.kwargs = {"target": targets} if n_stages - 1 in self.indices else {}
         self.steps: List[Dict[str, Any]] = []
+        self.none: Optional["ModeRun"] = None  # plan mode: the none run beside it, whose held bytes its budget shares
         self.grads: Dict[str, torch.Tensor] = {}
         self.eval_recomputations = 0
 
@@ -168,7 +169,9 @@ class ModeRun:
         if self.mode == "plan" and len(self.steps) == 1:
             costs = sessions.plan.costs
             least = prefire.least_plan_bytes(costs)
-            most = prefire.plan_bytes(costs, [False] * len(costs))
+            # what none mode held on this rank so far, or without it what keeping every block holds by the plan
+            most = (max(s["peak_held_bytes"] for s in self.none.steps) if self.none is not None and self.none.steps
+                    else prefire.plan_bytes(costs, [False] * len(costs)))
             sessions.set_memory_budget(max(least, int(self.budget_fraction * most)))
         for m in self.modules:
             m.zero_grad(set_to_none=True)
@@ -264,6 +267,8 @@ def run(cfg: RunConfig, rank: int, world: int, port: int, running_marker: Option
         open(running_marker, "w").close()  # the failure tests wait for it
     try:
         runs = [ModeRun(cfg, name, mode, fraction, rank, world) for name, mode, fraction in cfg.runs()]
+        for r in runs:
+            r.none = next((o for o in runs if o.mode == "none"), None)
         for _ in range(cfg.warmup + cfg.steps):
             for r in runs:
                 r.step()
