@@ -81,6 +81,15 @@ TEST(Plan, MomentsCountWhatIsHeldAtOnce) {
   EXPECT_EQ(prefire::plan_bytes({first, second}, {true, false}), 2 * 100 + 100);  // moment 3, and its pass
   // what the step holds at its most keeps both
   EXPECT_EQ(prefire::plan_for_budget({first, second}, 200).checkpointed, (std::vector<bool>{false, false}));
+  // what a micro-batch still holds after it let go counts until the step ends: one micro-batch, then another
+  BlockCost keeps{100, 10, 1.0, 1, 0, {1, 0, 1, 0}, {0, 1, 1, 2}, 60, 4};
+  EXPECT_EQ(prefire::plan_bytes({keeps}, {false}), 100 + 60);   // the second alive, the first's 60 still held
+  EXPECT_EQ(prefire::plan_bytes({keeps}, {true}), 10 + 4 + 100);  // inputs, and one pass
+  keeps.done.clear();  // letting go is letting go of everything
+  EXPECT_EQ(prefire::plan_bytes({keeps}, {false}), 100);
+  keeps.done = {0, 1, 1, 2};
+  keeps.input_after_bytes = 11;  // more than its inputs
+  EXPECT_THROW(prefire::plan_bytes({keeps}, {true}), std::invalid_argument);
   BlockCost wrong = second;
   wrong.alive.pop_back();
   EXPECT_THROW(prefire::plan_bytes({first, wrong}, {false, false}), std::invalid_argument);

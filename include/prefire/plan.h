@@ -29,6 +29,10 @@ struct BlockCost {
   std::vector<int64_t> alive;     // optional, Release::kAtStepEnd: the micro-batches it holds at each moment
                                   // of a step (a pipeline rank's actions in order), each <= in_flight; every
                                   // block that has them the same moments; empty: in_flight at every moment
+  std::vector<int64_t> done;      // optional, with alive: the micro-batches that let go by each moment
+  int64_t saved_after_bytes = 0;  // bytes: of saved_bytes, what a kept block still holds after its micro-batch
+                                  // let go, until the step ends (counted `done` times)
+  int64_t input_after_bytes = 0;  // bytes: of input_bytes, the same for a checkpointed block
 };
 
 /// When a step lets go of what a block holds (Note [What a plan holds]).

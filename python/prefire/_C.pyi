@@ -53,13 +53,17 @@ class _SavedTensorMeter:
 
 class BlockCost:
     def __init__(self, saved_bytes: int, input_bytes: int, recompute_seconds: float, in_flight: int = 1,
-                 group: int = -1, alive: List[int] = ...) -> None: ...
+                 group: int = -1, alive: List[int] = ..., done: List[int] = ..., saved_after_bytes: int = 0,
+                 input_after_bytes: int = 0) -> None: ...
     saved_bytes: int
     input_bytes: int
     recompute_seconds: float
     in_flight: int
     group: int
     alive: List[int]
+    done: List[int]
+    saved_after_bytes: int
+    input_after_bytes: int
 
 class Plan:
     checkpointed: List[bool]

@@ -23,9 +23,18 @@ begins, for a schedule without an order of actions), the C++ planner
 chooses (``plan_for_budget``, Release::kAtStepEnd, Note [What a plan holds]
 in src/memory/plan.cpp): after each of the rank's actions, each block of the
 rank counted once per micro-batch of its stage between their F and their W
-(or full backward), every micro-batch from its F on for the last stage (the
-schedule keeps its outputs, and with them their graphs, until the next step
-begins), the most over those moments; a stage's checkpointed blocks are one
+(or full backward), and, for the micro-batches past their W, what the block
+still holds then, the most over those moments. A block's meter says that
+after each W. The schedule keeps the last stage's outputs, and with them
+their graphs, with what B alone needed, until the next step begins
+(measured, about half of what a kept block saved); so until a last-stage
+block was seen kept (or checkpointed), it is taken to hold the largest
+share its stage's other blocks were seen to hold (blocks of a stage are
+alike), or all of it when none was; other stages' blocks nothing (their W
+lets go of the graph). A step that sees a block's bytes after W for the
+first time plans again at its end; a block that holds more than its share
+says so in a warning (the rank may have gone over the budget that step)
+before the plan that counts it; a stage's checkpointed blocks are one
 group, since its B recomputes them into one session. What the plan leaves
 of the budget is the rank's byte budget for sessions (Note [A rank's byte
 budget] in _budget.py): it decides which B keeps its recomputation for W
@@ -43,8 +52,10 @@ of checkpoint calls than its measurement raises: the plan is per call.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -62,29 +73,32 @@ Signature = Tuple[Any, ...]
 Key = Tuple[Tuple[int, Signature], ...]  # ((stage, signature), ...) for the rank's stages, in stage order
 
 
-def alive(actions: List[Action], stage: int, last: bool = False) -> List[int]:
-    """The micro-batches of ``stage`` whose forward the rank holds after
-    each of its ``actions``: from their F to their W (or full backward); on
-    the last stage (``last``) to the step's end, since the schedule keeps its
-    outputs, and with them their graphs (with what B alone needed), until
-    the next step begins."""
-    held, out = 0, []
+def alive(actions: List[Action], stage: int) -> Tuple[List[int], List[int]]:
+    """After each of the rank's ``actions``: the micro-batches of ``stage``
+    between their F and their W (or full backward), and those past it."""
+    held = gone = 0
+    alive_at, done_at = [], []
     for kind, s, _ in actions:
         if s == stage:
             if kind == "F":
                 held += 1
-            elif kind in ("W", "BW") and not last:
-                held -= 1
-        out.append(held)
-    return out
+            elif kind in ("W", "BW"):
+                held, gone = held - 1, gone + 1
+        alive_at.append(held)
+        done_at.append(gone)
+    return alive_at, done_at
 
 
 @dataclass
 class _Measured:
     """What the forwards of one stage and signature measured, per block:
-    (kept bytes, input bytes, seconds) of each micro-batch."""
+    (kept bytes, input bytes, seconds) of each micro-batch; and what a block
+    still held after its micro-batch's W, kept and checkpointed (None: not
+    seen yet)."""
 
     blocks: List[List[Tuple[int, int, float]]] = field(default_factory=list)
+    kept_after: List[Optional[int]] = field(default_factory=list)
+    checkpointed_after: List[Optional[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -107,7 +121,14 @@ class _StageForward:
         self.choices: Optional[List[bool]] = None  # None: measuring
         self.signature: Optional[Signature] = None
         self.records: List[Tuple[int, float]] = []  # measuring: (input bytes, seconds) per call
+        self.meters: List[Tuple[bool, SavedTensorMeter]] = []  # per call: checkpointed, and its meter
         self.calls = 0
+
+    def _metered(self, checkpointed: bool, run: Callable[[], Any]) -> Any:
+        meter = SavedTensorMeter()
+        self.meters.append((checkpointed, meter))
+        with meter:
+            return run()
 
     def run(self, checkpointed: Callable[[], Any], plain: Callable[[], Any], args: Tuple[Any, ...],
             kwargs: Dict[str, Any]) -> Any:
@@ -121,8 +142,7 @@ class _StageForward:
             if synchronize:
                 torch.cuda.synchronize()
             begin = time.perf_counter()
-            with SavedTensorMeter():
-                out = checkpointed()
+            out = self._metered(True, checkpointed)
             if synchronize:
                 torch.cuda.synchronize()
             self.records.append((_input_bytes(tensors), time.perf_counter() - begin))
@@ -131,8 +151,7 @@ class _StageForward:
             raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s forward made more checkpoint calls than the "
                                f"{len(self.choices)} its plan was measured with; memory_budget plans each call of a "
                                f"forward in order, and the forwards of one input signature must make the same calls")
-        with SavedTensorMeter():
-            return checkpointed() if self.choices[index] else plain()
+        return self._metered(self.choices[index], checkpointed if self.choices[index] else plain)
 
 
 class RankPlanner:
@@ -156,6 +175,8 @@ class RankPlanner:
         self._current: Optional[RankPlan] = None
         self._measuring = False                    # this step measures
         self._actions: List[Action] = []           # the rank's actions in a step (empty: no order)
+        self._open: Dict[Tuple[int, int], _StageForward] = {}  # (stage, micro-batch) -> its forward, until its W
+        self._learnt = False                       # a block's bytes after W seen for the first time: plan again
 
     @property
     def plan(self) -> Optional[RankPlan]:
@@ -189,7 +210,9 @@ class RankPlanner:
             self.budget.set(0, warn=False)  # sessions keep nothing for W while measuring
         return None
 
-    def forward_done(self, forward: _StageForward, handles: List[Any]) -> None:
+    def forward_done(self, forward: _StageForward, micro_batch: int, handles: List[Any]) -> None:
+        if forward.calls:
+            self._open[(forward.stage, micro_batch)] = forward
         if forward.choices is not None:
             if forward.calls != len(forward.choices):
                 raise RuntimeError(f"prefire.pipelining: stage {forward.stage}'s forward made {forward.calls} checkpoint "
@@ -205,31 +228,71 @@ class RankPlanner:
         measured = self._measured.setdefault((forward.stage, forward.signature), _Measured())
         if not measured.blocks:
             measured.blocks = [[] for _ in handles]
+            measured.kept_after = [None] * len(handles)
+            measured.checkpointed_after = [None] * len(handles)
         if len(measured.blocks) != len(handles):
             raise RuntimeError(f"prefire.pipelining: stage {forward.stage}'s forwards of one signature made "
                                f"{len(measured.blocks)} and {len(handles)} checkpoint calls")
         for block, handle, (inputs, seconds) in zip(measured.blocks, handles, forward.records):
             block.append((_C.kept_bytes(handle), inputs, seconds))
 
+    def released(self, stage: int, micro_batch: int) -> None:
+        """The W (or full backward) of ``micro_batch`` on ``stage`` ran: what
+        each of its blocks still holds stays until the step ends."""
+        forward = self._open.pop((stage, micro_batch), None)
+        measured = self._measured.get((stage, forward.signature)) if forward is not None else None
+        if measured is None or len(forward.meters) != len(measured.blocks):
+            return
+        counted = self._counted_after(stage, forward.signature)
+        for index, (checkpointed, meter) in enumerate(forward.meters):
+            after = measured.checkpointed_after if checkpointed else measured.kept_after
+            held = meter.current_bytes
+            if after[index] is None or held > after[index]:
+                self._learnt = True
+                after[index] = held
+            if counted is not None and not checkpointed and held > counted[index]:
+                warnings.warn(f"prefire.pipelining: block {index} of stage {stage} held {held} bytes after its W, "
+                              f"more than the {counted[index]} its plan counted from the stage's other blocks; the "
+                              f"rank may have gone over memory_budget={self.memory_budget} this step, and plans "
+                              f"again from what it saw", UserWarning, stacklevel=2)
+
+    def _counted_after(self, stage: int, signature: Signature) -> Optional[List[int]]:
+        """What the current plan counts each block of ``stage`` to hold after W, kept."""
+        plan = self._current
+        if plan is None or (stage, signature) not in plan.key:
+            return None
+        return [c.saved_after_bytes for c in plan.costs if c.group == stage]
+
     def step_ends(self, actions: List[Action]) -> None:
         """The rank's step ended (its last action ran, or the next step
-        begins): a measuring step chooses its plan."""
-        if not self._measuring:
-            return
-        self._measuring = False
-        key = tuple((s, self._latest[s]) for s in self.stages if s in self._latest)
-        self._actions = actions
-        self._current = self._choose(key)
+        begins): a measuring step chooses its plan, and a step that saw what
+        a block holds after W for the first time chooses again."""
+        self._open.clear()
+        learnt, self._learnt = self._learnt, False
+        if self._measuring:
+            self._measuring = False
+            key = tuple((s, self._latest[s]) for s in self.stages if s in self._latest)
+            self._actions = actions
+            self._current = self._choose(key)
+        elif learnt and self._current is not None:
+            self._current = self._choose(self._current.key)
 
     def _choose(self, key: Key) -> RankPlan:
         costs: List[_C.BlockCost] = []
         for stage, signature in key:
-            # without an order of actions: every micro-batch at once
-            moments = alive(self._actions, stage, stage == self.last_stage)
+            moments, done = alive(self._actions, stage)  # empty without an order of actions: every micro-batch
             flight = max(moments, default=self.micro_batches) or 1
-            for runs in self._measured[(stage, signature)].blocks:
-                costs.append(_C.BlockCost(max(r[0] for r in runs), max(r[1] for r in runs),
-                                          statistics.median(r[2] for r in runs), flight, stage, moments))
+            measured = self._measured[(stage, signature)]
+            saved = [max(r[0] for r in runs) for runs in measured.blocks]
+            inputs = [max(r[1] for r in runs) for runs in measured.blocks]
+            last = stage == self.last_stage
+            kept_share = _share(measured.kept_after, saved)
+            checkpointed_share = _share(measured.checkpointed_after, inputs)
+            for index, runs in enumerate(measured.blocks):
+                costs.append(_C.BlockCost(
+                    saved[index], inputs[index], statistics.median(r[2] for r in runs), flight, stage, moments, done,
+                    _after(measured.kept_after[index], saved[index], last, kept_share),
+                    _after(measured.checkpointed_after[index], inputs[index], last, checkpointed_share)))
         try:
             plan = _C.plan_for_budget(costs, self.memory_budget, _C.Release.AT_STEP_END)
         except ValueError:
@@ -254,6 +317,23 @@ class RankPlanner:
     def _use(self, plan: RankPlan) -> None:
         self.budget.expect(_passes(plan.costs, plan.plan.checkpointed))
         self.budget.set(plan.session_bytes)
+
+
+def _after(measured: Optional[int], whole: int, last: bool, share: Optional[float]) -> int:
+    """What a block is taken to hold after its micro-batch's W: what was
+    measured; before that, on the last stage the largest ``share`` of their
+    bytes its other blocks were seen to hold then (all of it when none
+    was), elsewhere nothing."""
+    if measured is not None:
+        return min(whole, measured)
+    if not last:
+        return 0
+    return whole if share is None else min(whole, math.ceil(share * whole))
+
+
+def _share(after: List[Optional[int]], wholes: List[int]) -> Optional[float]:
+    seen = [a / w for a, w in zip(after, wholes) if a is not None and w > 0]
+    return max(seen, default=None)
 
 
 def _passes(costs: List[_C.BlockCost], checkpointed: List[bool]) -> Dict[int, int]:

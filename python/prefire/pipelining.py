@@ -271,7 +271,7 @@ class _StageSessions:
                 planned = planner.forward(stage.stage_index)
                 with collect() as handles, planned_calls(planned.run):
                     out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
-                planner.forward_done(planned, handles)
+                planner.forward_done(planned, fwd_chunk_id, handles)
             self.checkpoints += len(handles)
             self.open(fwd_chunk_id, handles)
             return out
@@ -285,13 +285,13 @@ class _StageSessions:
             self.run_pass(bwd_chunk_id, not full, lambda: original["backward_one_chunk"](bwd_chunk_id, *args, **kwargs))
             if not full:
                 self.after_b(bwd_chunk_id)
-            owner._action_done()
+            owner._action_done(stage.stage_index, bwd_chunk_id, released=full)
 
         def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
             owner.budget.ran(("W", stage.stage_index, bwd_chunk_id))
             self.run_pass(bwd_chunk_id, False,
                           lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs))
-            owner._action_done()
+            owner._action_done(stage.stage_index, bwd_chunk_id, released=True)
 
         def clear_runtime_states():
             self.clear_all()
@@ -501,8 +501,13 @@ class Pipelining:
         if self.bubbles is not None:
             self.bubbles.new_step(training)
 
-    def _action_done(self) -> None:
-        if self.planner is not None and self.budget.step_ended:
+    def _action_done(self, stage_index: int, micro_batch: int, released: bool) -> None:
+        """A backward action ran; ``released``: the micro-batch's last pass on the stage."""
+        if self.planner is None:
+            return
+        if released:
+            self.planner.released(stage_index, micro_batch)
+        if self.budget.step_ended:
             self.planner.step_ends(self.budget.actions())
 
     def _check_fired(self) -> None:

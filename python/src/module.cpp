@@ -322,17 +322,23 @@ PYBIND11_MODULE(_C, m) {
   // Plans from a memory budget (plan.h).
   py::class_<BlockCost>(m, "BlockCost")
       .def(py::init([](int64_t saved_bytes, int64_t input_bytes, double recompute_seconds, int64_t in_flight,
-                       int64_t group, std::vector<int64_t> alive) {
-             return BlockCost{saved_bytes, input_bytes, recompute_seconds, in_flight, group, std::move(alive)};
+                       int64_t group, std::vector<int64_t> alive, std::vector<int64_t> done, int64_t saved_after_bytes,
+                       int64_t input_after_bytes) {
+             return BlockCost{saved_bytes,       input_bytes,     recompute_seconds, in_flight,        group,
+                              std::move(alive), std::move(done), saved_after_bytes, input_after_bytes};
            }),
            py::arg("saved_bytes"), py::arg("input_bytes"), py::arg("recompute_seconds"), py::arg("in_flight") = 1,
-           py::arg("group") = -1, py::arg("alive") = std::vector<int64_t>{})
+           py::arg("group") = -1, py::arg("alive") = std::vector<int64_t>{}, py::arg("done") = std::vector<int64_t>{},
+           py::arg("saved_after_bytes") = 0, py::arg("input_after_bytes") = 0)
       .def_readonly("saved_bytes", &BlockCost::saved_bytes)
       .def_readonly("input_bytes", &BlockCost::input_bytes)
       .def_readonly("recompute_seconds", &BlockCost::recompute_seconds)
       .def_readonly("in_flight", &BlockCost::in_flight)
       .def_readonly("group", &BlockCost::group)
-      .def_readonly("alive", &BlockCost::alive);
+      .def_readonly("alive", &BlockCost::alive)
+      .def_readonly("done", &BlockCost::done)
+      .def_readonly("saved_after_bytes", &BlockCost::saved_after_bytes)
+      .def_readonly("input_after_bytes", &BlockCost::input_after_bytes);
   py::class_<Plan>(m, "Plan")
       .def_readonly("checkpointed", &Plan::checkpointed)
       .def_readonly("prefire_ahead", &Plan::prefire_ahead)

@@ -15,6 +15,10 @@
 //    may still be held when the largest recomputation runs, so a plan holds
 //      the most over the step's moments t of
 //        sum over blocks of alive[t] * (checkpointed ? input : saved)
+//                         + done[t] * (checkpointed ? input_after : saved_after)
+//      (done: its micro-batches that let go, the `after` bytes what they
+//      still hold until the step ends: a pipeline's last stage, whose
+//      outputs keep their graphs)
 //      (a block without moments: in_flight at every one, so without any
 //      the sum of every block's in_flight; with them, the blocks of stages
 //      whose micro-batches leave at different moments are not all counted
@@ -89,6 +93,12 @@ void check(const std::vector<BlockCost>& blocks, Release release) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + "'s moments (alive) must be as "
                                   "many as every other block's, and only with Release::kAtStepEnd");
     }
+    if ((!b.done.empty() && b.done.size() != b.alive.size()) ||
+        std::any_of(b.done.begin(), b.done.end(), [](int64_t d) { return d < 0; }) || b.saved_after_bytes < 0 ||
+        b.saved_after_bytes > b.saved_bytes || b.input_after_bytes < 0 || b.input_after_bytes > b.input_bytes) {
+      throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + ": done needs as many moments as "
+                                  "alive, none negative, and the after bytes must lie within 0..saved or input bytes");
+    }
     if (b.saved_bytes < 0 || b.input_bytes < 0 || !(b.recompute_seconds >= 0) || b.in_flight < 1 || b.group < -1) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) +
                                   " has a negative size or time, in_flight below 1 or a group below -1");
@@ -124,8 +134,10 @@ int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Checkpointe
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
     const int64_t bytes = checkpointed(i) ? b.input_bytes : b.saved_bytes;
+    const int64_t after = checkpointed(i) ? b.input_after_bytes : b.saved_after_bytes;
     for (size_t t = 0; t < n_moments; ++t) {
       at[t] = add_product(at[t], b.alive.empty() ? b.in_flight : b.alive[t], bytes);
+      if (!b.done.empty()) at[t] = add_product(at[t], b.done[t], after);
     }
     if (!checkpointed(i)) continue;
     int64_t together = b.saved_bytes;
