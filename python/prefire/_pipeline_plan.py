@@ -187,9 +187,12 @@ class RankPlanner:
         """A new budget, planned from what was measured, from the next forward on."""
         check_memory_budget(memory_budget)
         self.memory_budget = memory_budget
-        self._plans.clear()
-        if self._current is not None:
-            self._current = self._choose(self._current.key)
+        current = self._current.key if self._current is not None else None
+        for key in list(self._plans):  # every signature measured, planned anew
+            self._choose(key)
+        if current is not None:
+            self._current = self._plans[current]
+            self._use(self._current)
 
     def forward(self, stage: int) -> _StageForward:
         return _StageForward(self, stage)

@@ -93,8 +93,8 @@ from . import _C, _fsdp
 from ._bubbles import BubbleFiller
 from ._budget import RankBudget
 from ._checkpoint import planned_calls
-from ._pipeline_plan import RankPlan, RankPlanner, check_memory_budget, describe
 from ._order import rank_actions
+from ._pipeline_plan import RankPlan, RankPlanner, check_memory_budget, describe
 from ._schedule import collect, session
 
 __all__ = ["PipelineStats", "Pipelining", "enable", "on_receive_wait"]

@@ -164,6 +164,14 @@ def test_a_shape_change_measures_and_plans_again_and_each_shape_keeps_its_plan(o
     run.step(short)
     assert run.sessions.planner.measuring_steps == 2  # each shape kept its plan
     assert run.sessions.plan.key == short_plan.key
+    # a new budget plans every shape again from what was measured, measuring nothing again
+    run.sessions.set_memory_budget(least)
+    for batch, before in ((None, long_plan), (short, short_plan)):
+        _, held = run.step(batch)
+        plan = run.sessions.plan
+        assert held <= least and plan.plan.peak_bytes <= least and plan.key == before.key
+        assert sum(map(sum, plan.checkpointed.values())) >= sum(map(sum, before.checkpointed.values()))
+    assert run.sessions.planner.measuring_steps == 2
     run.close()
 
 

@@ -520,8 +520,7 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
 
 def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[bool]]:
     """A plan run's rank: its blocks' costs and prefire's choice, in the plan's order."""
-    costs = [_C.BlockCost(saved, inputs, seconds, in_flight, group, alive)
-             for saved, inputs, seconds, in_flight, group, alive in rank["plan_costs"]]
+    costs = [_C.BlockCost(*fields) for fields in rank["plan_costs"]]
     chosen = [c for stage in sorted(rank["plan"], key=int) for c in rank["plan"][stage]]
     return costs, chosen
 
