@@ -121,14 +121,16 @@ using prefire::TensorList;
 bool prefires(Mode m) { return m == Mode::kPrefire || m == Mode::kBudget || m == Mode::kPlan; }
 
 // The stage's forward, block i checkpointed where checkpointed[i]; with
-// `seconds`, each block's forward time is added to it (the plan's measuring).
+// `seconds`, each block's forward time is added to it, with `input_bytes`
+// its input's bytes raised to (the plan's measuring).
 at::Tensor stage_forward(const Stage& stage, at::Tensor h, const std::vector<bool>& checkpointed,
                          std::vector<double>* seconds = nullptr, std::vector<int64_t>* input_bytes = nullptr) {
   for (size_t i = 0; i < stage.blocks.size(); ++i) {
     const auto& blk = stage.blocks[i];
     const auto begin = Clock::now();
-    if (input_bytes) {  // what its checkpoint holds: its input, unless a leaf that requires grad (never counted)
-      (*input_bytes)[i] = h.is_leaf() && h.requires_grad() ? 0 : static_cast<int64_t>(h.storage().nbytes());
+    // what its checkpoint holds: its input, unless a leaf that requires grad (never counted)
+    if (input_bytes && !(h.is_leaf() && h.requires_grad())) {
+      (*input_bytes)[i] = std::max((*input_bytes)[i], static_cast<int64_t>(h.storage().nbytes()));
     }
     h = checkpointed[i]
             ? prefire::checkpoint([&blk](const TensorList& in) { return TensorList{blk.forward(in[0])}; }, {h})[0]
@@ -233,7 +235,7 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
     std::vector<bool> w_recomputes(mbs, false);  // plan: B let go of the micro-batch's recomputation
     const bool measuring = mode == Mode::kPlan && step == 0;  // Note [prefire-bench's memory plan]
     std::vector<double> block_seconds(layers, 0.0);
-    std::vector<int64_t> block_inputs(layers, 0), block_kept(layers, 0), inputs(layers, 0);
+    std::vector<int64_t> block_inputs(layers, 0), block_kept(layers, 0);
     TensorList dx(mbs), dw;
     double forward_ms = 0, b_ms = 0, w_ms = 0;
     {
@@ -244,12 +246,11 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
             forward_ms += phase(trace, "forward", mb, [&, mb = mb] {
               prefire::HandleCollector collect;
               y[mb] = stage_forward(stage, x[mb], checkpointed, measuring ? &block_seconds : nullptr,
-                                    measuring ? &inputs : nullptr);
+                                    measuring ? &block_inputs : nullptr);
               handles[mb] = collect.handles();
               if (measuring) {
                 for (size_t i = 0; i < layers; ++i) {
                   block_kept[i] = std::max(block_kept[i], prefire::kept_bytes(handles[mb].at(i)));
-                  block_inputs[i] = std::max(block_inputs[i], inputs[i]);
                 }
               }
               if (mode == Mode::kSession) {

@@ -54,18 +54,15 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
-
-import torch
 
 from . import _C
 from ._budget import RankBudget
 from ._meter import SavedTensorMeter
 from ._order import Action
-from ._plan import _input_bytes, _signature, _tensors
+from ._plan import _input_bytes, _signature, _tensors, _timed
 
 _log = logging.getLogger("prefire")
 
@@ -132,20 +129,14 @@ class _StageForward:
 
     def run(self, checkpointed: Callable[[], Any], plain: Callable[[], Any], args: Tuple[Any, ...],
             kwargs: Dict[str, Any]) -> Any:
-        tensors = _tensors(args, kwargs)
         if self.calls == 0:
-            self.signature = _signature(tensors)
+            self.signature = _signature(_tensors(args, kwargs))
             self.choices = self.planner._choices(self.stage, self.signature)
         index, self.calls = self.calls, self.calls + 1
         if self.choices is None:
-            synchronize = any(t.is_cuda for t in tensors)
-            if synchronize:
-                torch.cuda.synchronize()
-            begin = time.perf_counter()
-            out = self._metered(True, checkpointed)
-            if synchronize:
-                torch.cuda.synchronize()
-            self.records.append((_input_bytes(tensors), time.perf_counter() - begin))
+            tensors = _tensors(args, kwargs)
+            out, seconds = _timed(lambda: self._metered(True, checkpointed), any(t.is_cuda for t in tensors))
+            self.records.append((_input_bytes(tensors), seconds))
             return out
         if index >= len(self.choices):
             raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s forward made more checkpoint calls than the "
@@ -161,8 +152,8 @@ class RankPlanner:
 
     def __init__(self, memory_budget: int, budget: RankBudget, stages: List[int], micro_batches: int,
                  last_stage: Optional[int] = None) -> None:
-        """``last_stage``: the pipeline's last stage, if on this rank."""
-        check_memory_budget(memory_budget)
+        """``memory_budget``: checked by the caller; ``last_stage``: the
+        pipeline's last stage, if on this rank."""
         self.last_stage = last_stage
         self.memory_budget = memory_budget
         self.budget = budget

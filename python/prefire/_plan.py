@@ -37,7 +37,7 @@ import functools
 import logging
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
@@ -92,6 +92,18 @@ def _input_bytes(tensors: List[torch.Tensor]) -> int:
             continue
         seen[(t.device, storage.data_ptr())] = storage.nbytes()
     return sum(seen.values())
+
+
+def _timed(run: Callable[[], Any], synchronize: bool) -> Tuple[Any, float]:
+    """``run()`` and its seconds (a block's forward, standing for one
+    recomputation); ``synchronize``: on CUDA, the device's time too."""
+    if synchronize:
+        torch.cuda.synchronize()
+    begin = time.perf_counter()
+    out = run()
+    if synchronize:
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - begin
 
 
 def _signature(tensors: List[torch.Tensor]) -> Tuple[Any, ...]:
@@ -181,14 +193,9 @@ class MemoryPlanner:
         if _schedule._collecting():
             raise RuntimeError("prefire.plan_checkpoints: a planned block measured inside prefire.collect(); plan "
                                "outside it (a pipeline plans with enable(schedule, memory_budget=...))")
-        if measuring.synchronize:
-            torch.cuda.synchronize()
-        begin = time.perf_counter()
         with _schedule.collect() as handles:
-            out = checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs)
-        if measuring.synchronize:
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - begin
+            out, seconds = _timed(lambda: checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs),
+                                  measuring.synchronize)
         if len(handles) != 1:
             raise RuntimeError(f"prefire.plan_checkpoints: block {index} made {len(handles)} outermost checkpoints "
                                f"where its checkpoint should be the one (is it inside another checkpoint?)")
