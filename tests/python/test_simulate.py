@@ -7,7 +7,8 @@ import pytest
 from prefire.pipeline import run
 from prefire.pipeline.config import SCHEDULES, RunConfig
 from prefire.pipeline.model import ModelConfig
-from prefire.pipeline.simulate import Costs, _placement, overlaps, predict, rank_orders, replay, validate
+from prefire.pipeline.simulate import (Costs, _placement, measured_slack, overlaps, predict, rank_orders, replay,
+                                      scaled_steps, step_costs, validate)
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -94,6 +95,64 @@ def test_bubble_rule_2_fills_the_slack_learnt_without_prefires_with_the_next_for
     assert got.prefire_s[0] == pytest.approx(2.0)  # what rule 2 left, rule 1 prefires at 1's own receive
 
 
+def test_a_given_slack_is_what_rule_2_works_to():
+    """The slack the runtime learned (measured_slack) replaces the waits of
+    session mode's replay: none at the receive, no rule-2 prefire there."""
+    orders = [[("F", 0, 0), ("F", 0, 1), ("BW", 0, 0), ("BW", 0, 1)],
+              [("F", 1, 0), ("BW", 1, 0), ("F", 1, 1), ("BW", 1, 1)]]
+    costs = uniform(2, 1.0, 3.0, checkpoint=0.5, checkpoints=2)
+    costs.checkpoints[1] = 0
+    costs.action["session"][("BW", 1)] = 3.0
+
+    def rule_2(slack):
+        got = replay(orders, lambda s: s, 2, costs, "bubble", slack=slack)
+        return [e for e in got.events[0] if e[0] == "recompute-bubble" and e[2] == 1 and e[3] < 5.0]
+
+    assert len(rule_2(None)) == 2     # session mode waits 3.0 there: both of micro-batch 1 fit after rule 1
+    assert rule_2({}) == []           # no slack learned: rule 1 alone
+    assert len(rule_2({("BW", 0, 0): 1.6})) == 1  # 1.0 of rule 1, then one more of 0.5 within 1.6
+
+
+def test_one_step_replays_with_its_own_durations_and_the_prefires_it_ran():
+    """step_costs: each action as long as that step measured it, and a
+    bubble step's prefires as rank time before the action they preceded."""
+    orders = rank_orders("1f1b", 2, 1)  # F0, F1, BW1, BW0
+    events = [[["F", 0, 0, 0.0, 1.0], ["recompute-bubble", -1, 0, 1.0, 1.5], ["BW", 0, 0, 6.0, 8.5]],
+              [["F", 1, 0, 1.0, 2.0], ["BW", 1, 0, 2.0, 6.0]]]
+    summary = {"timelines": {"bubble": [{"steps": [{"events": e, "slack": [["backward", 0, 0, 0.25]]}]}
+                                        for e in events]}}
+    costs = step_costs(uniform(2, 1.0, 3.0), summary, "bubble", 0)
+    assert costs.instance == {("F", 0, 0): 1.0, ("BW", 0, 0): 2.5, ("F", 1, 0): 1.0, ("BW", 1, 0): 4.0}
+    assert costs.before[("BW", 0, 0)] == 0.5 and costs.before[("F", 1, 0)] == 0.0
+    got = replay(orders, _placement("1f1b", 2), 2, costs, "session")
+    assert got.step_s == pytest.approx(1.0 + 1.0 + 4.0 + 2.5)   # the prefire ran inside rank 0's wait
+    assert got.wait_s[0] == pytest.approx(6.0 - 1.0 - 0.5)
+    assert measured_slack(summary, 0) == {("B", 0, 0): 0.25, ("BW", 0, 0): 0.25}
+    del summary["timelines"]["bubble"][0]["steps"][0]["slack"]
+    assert measured_slack(summary, 0) is None  # a run from before the slack was recorded
+
+
+def test_a_predicted_step_takes_each_action_from_the_measured_one_in_its_position():
+    """scaled_steps: first and last stage from the measured first and last,
+    middle ones from the measured middles in turn, micro-batches modulo the
+    measured count; 1F1B's stage is two measured ones."""
+    def took(kind, stage, mb):
+        return {"F": 1, "B": 2, "W": 4}[kind] * 1000 + stage * 10 + mb
+
+    events = [[kind, stage, mb, 0.0, took(kind, stage, mb)] for stage in range(4) for mb in range(2)
+              for kind in ("F", "B", "W")]
+    summary = {"config": {"schedule": "interleaved-zb", "world": 2, "model": {"micro_batches": 2}},
+               "timelines": {"session": [{"steps": [{"events": events}]}]}}
+    (got,) = scaled_steps(summary, "session", "interleaved-zb", 4)  # 8 stages, 8 micro-batches
+    measured = [0, 1, 2, 1, 2, 1, 2, 3]
+    assert got == {(kind, stage, mb): took(kind, measured[stage], mb % 2)
+                   for stage in range(8) for mb in range(8) for kind in ("F", "B", "W")}
+    (one_f_one_b,) = scaled_steps(summary, "session", "1f1b", 2)  # 2 stages of two: measured (0, 1), (2, 3)
+    assert one_f_one_b[("F", 0, 3)] == took("F", 0, 1) + took("F", 1, 1)
+    assert one_f_one_b[("F", 1, 0)] == took("F", 2, 0) + took("F", 3, 0)
+    assert ("BW", 0, 0) not in one_f_one_b  # not measured: the medians' (B + W) stand for it
+
+
 def test_an_order_that_deadlocks_is_reported():
     orders = [[("BW", 0, 0), ("F", 0, 0)], [("F", 1, 0), ("BW", 1, 0)]]
     with pytest.raises(RuntimeError, match="deadlocks"):
@@ -122,7 +181,11 @@ def test_a_tiny_two_rank_run_replays_in_its_measured_order_and_near_its_measured
                    if kind in ("F", "B", "W", "BW")]
             assert ran == orders[rank], (mode, rank)
     rows = {row["mode"]: row for row in validate(tiny_run)}
-    assert set(rows) == {"none", "torch", "session", "bubble"}
+    assert set(rows) == {"none", "torch", "session", "bubble", "bubble as run"}
+    for k in range(2):  # the slack bubble mode's runtime worked to: learnt at receiving actions of the order
+        slack = measured_slack(tiny_run, k)
+        assert slack and set(slack) <= {a for order in orders for a in order} | \
+            {("B" if kind == "BW" else "BW", stage, mb) for order in orders for kind, stage, mb in order}
     for row in rows.values():
         assert row["step_s"] > 0 and row["simulated_step_s"] > 0, row
         assert row["wait_s"] is not None and row["simulated_wait_s"] >= 0

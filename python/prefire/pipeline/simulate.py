@@ -19,8 +19,16 @@ checkpoint (session mode), a rank's own time between two actions where the
 second waited for nothing (Python, the loss, posting sends and receives:
 the median such gap), a message's latency (the median time from a send to
 the start of the action that waited for it, less that own time), and the
-step's ending after its last action. It is checked against the run's
-median step and its waits (``validate``).
+step's ending after its last action. ``validate`` checks the replay
+against the run step by step: each measured step replayed with every
+action as long as that step measured it (the medians above for the rest:
+own time, latency, checkpoints), then the median step and the mean wait
+over the steps. Medians alone hold back what a step's waits are made of:
+a wait is one rank's path less another's, and which actions ran long
+differs from step to step (ZBV without checkpoints on 2 ranks: a replay
+of the medians waited 24 ms where the steps waited 29-81, mean 54, and
+their replays 49); predictions, which have no
+steps of their own, take the medians, so their waits lean short.
 Replaying: each rank runs its actions in order; an action starts when the
 rank is free and what it consumes is there (the forward of the stage before
 for F, the backward of the stage after for B or a full backward, plus the
@@ -33,14 +41,22 @@ replays session's, and while a rank waits on another rank it recomputes
 checkpoints of the micro-batches already forwarded whose backward comes
 next on it, in that order, last block first, one checkpoint at a time
 that ends within the receive's slack -- the rules of Note [Filling
-bubbles], with the slack the runtime learns in its warm-up steps, where
-nothing is prefired: the wait there in session mode's replay. At the
-receive of a micro-batch's gradient all its checkpoints are prefired
-first, whether or not the gradient is there (rule 1: Gloo's receive work
+bubbles], with the slack the runtime learned in its warm-up steps, where
+nothing is prefired (``validate``: as the run recorded it for the step;
+``predict``: the wait there in session mode's replay, the exact slack, so
+an upper end for what the rules hide). At the receive of a micro-batch's
+gradient all its checkpoints are prefired first, whether or not the
+gradient is there (rule 1: Gloo's receive work
 reports completion only once waited on, so the runtime does). A
 micro-batch's passes then take less by what was prefired: its B first,
 then its W (a first stage's B computes no input gradient, its W
 recomputes), each down to what it takes without checkpoints.
+``validate`` replays bubble mode twice: by these rules, from the steps of
+session mode of the same index (the program runs the modes' steps in
+turn, so those ran beside them) and the recorded slack; and as it ran
+("bubble as run"): its own steps' durations, each bubble prefire rank
+time before the action it preceded, no rules. The second checks the
+timeline, the first the rules on top of it.
 Predictions (``predict``) keep what a stage is: a stage of the measured
 size costs what the measured first, middle (mean of the others) or last
 stage cost in that position, so a pipeline of more ranks is a model with
@@ -54,6 +70,7 @@ shared memory bus): these are predictions, said so wherever they appear.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -139,6 +156,10 @@ class Costs:
     latency: float
     overhead: float
     tail: float = 0.0
+    #: one measured step's actions, each as it took there (``step_costs``); the others by ``action``
+    instance: Dict[Action, float] = field(default_factory=dict)
+    #: a bubble step as it ran: the rank's bubble prefires before each action (``step_costs``)
+    before: Dict[Action, float] = field(default_factory=dict)
 
 
 def _produced(action: Action) -> Tuple[str, int, int]:
@@ -173,13 +194,16 @@ class Replay:
 
 
 def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
-           mode: str, groups: Sequence[Tuple[Action, ...]] = ()) -> Replay:
+           mode: str, groups: Sequence[Tuple[Action, ...]] = (),
+           slack: Optional[Dict[Action, float]] = None) -> Replay:
     """Replays one step (Note [What the simulator replays]); ``groups``:
     actions whose outputs are sent together after the last of them
-    (``overlaps``). Bubble mode first replays session mode for the slack of
-    each receive."""
-    slack = _replay(orders, stage_rank, n_stages, costs, "session", {}, groups).waited if mode == "bubble" else {}
-    return _replay(orders, stage_rank, n_stages, costs, mode, slack, groups)
+    (``overlaps``); ``slack``: bubble mode's, per receiving action (what
+    the runtime learned, ``measured_slack``); without it, bubble mode first
+    replays session mode and takes its waits."""
+    if mode == "bubble" and slack is None:
+        slack = _replay(orders, stage_rank, n_stages, costs, "session", {}, groups).waited
+    return _replay(orders, stage_rank, n_stages, costs, mode, slack or {}, groups)
 
 
 def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
@@ -228,7 +252,8 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
         prefired = (checkpoints - left.get((stage, mb), checkpoints)) * costs.checkpoint.get(stage, 0.0)
 
         def recomputes(pass_kind: str) -> float:  # the pass's recomputation: it less the pass without checkpoints
-            return max(0.0, durations[(pass_kind, stage)] - costs.action["none"].get((pass_kind, stage), 0.0))
+            took = costs.instance.get((pass_kind, stage, mb), durations[(pass_kind, stage)])
+            return max(0.0, took - costs.action["none"].get((pass_kind, stage), 0.0))
 
         inside_b = recomputes("B" if ("B", stage) in durations else "BW")
         if kind in ("B", "BW"):
@@ -247,7 +272,7 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                 if dep is not None and dep not in (sent if received else end):
                     break  # another rank has not produced it yet
                 ready = 0.0 if dep is None else (sent[dep] + costs.latency) if received else end[dep]
-                start = free[rank]
+                start = free[rank] + costs.before.get(action, 0.0)
                 if mode == "bubble" and received:  # Note [Filling bubbles]
                     began = start
                     if kind in ("B", "BW"):  # rule 1, whether or not the gradient is there
@@ -258,7 +283,7 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                     waited[(kind, stage, mb)] = ready - start
                     events[rank].append(("wait", stage, mb, start, ready))
                     start = ready
-                took = durations[(kind, stage)] + costs.overhead
+                took = costs.instance.get(action, durations[(kind, stage)]) + costs.overhead
                 if mode == "bubble" and kind != "F":
                     took -= shorter(kind, stage, mb)
                 free[rank] = start + took
@@ -398,30 +423,77 @@ def _placement(schedule: str, world: int) -> Callable[[int], int]:
     return owner.__getitem__
 
 
-def replay_schedule(schedule: str, world: int, micro_batches: int, costs: Costs,
-                    modes: Sequence[str]) -> Dict[str, Replay]:
-    """``schedule`` on ``world`` ranks replayed in each of ``modes``."""
-    orders = rank_orders(schedule, world, micro_batches)
-    groups = overlaps(schedule, world, micro_batches)
-    n_stages = SCHEDULES[schedule][1] * world
-    return {mode: replay(orders, _placement(schedule, world), n_stages, costs, mode, groups) for mode in modes}
+def _step_durations(summary: Dict[str, Any], mode: str, index: int) -> Tuple[Dict[Action, float],
+                                                                               Dict[Action, float]]:
+    """Every action of ``mode``'s ``index``-th measured step (all ranks'):
+    how long it took, and the bubble prefires its rank ran before it."""
+    took: Dict[Action, float] = {}
+    before: Dict[Action, float] = {}
+    for rank in summary["timelines"][mode]:
+        prefired = 0.0
+        for kind, stage, mb, begin, end in sorted(_steps(rank)[index]["events"], key=lambda e: e[3]):
+            if kind == "recompute-bubble":
+                prefired += end - begin
+            elif kind in KINDS:
+                took[(kind, stage, mb)], before[(kind, stage, mb)], prefired = end - begin, prefired, 0.0
+    return took, before
+
+
+def step_costs(costs: Costs, summary: Dict[str, Any], mode: str, index: int) -> Costs:
+    """``costs`` with every action of ``mode``'s ``index``-th measured step
+    as long as it took there, and the bubble prefires the step ran before
+    each (bubble mode: replayed as a session step, its rules already
+    applied)."""
+    took, before = _step_durations(summary, mode, index)
+    return dataclasses.replace(costs, instance=took, before=before)
+
+
+def measured_slack(summary: Dict[str, Any], index: int) -> Optional[Dict[Action, float]]:
+    """The slack bubble mode's runtime worked to in its ``index``-th
+    measured step, per receiving action (Note [Filling bubbles]: a forward
+    receive is its F, a backward one its B or full backward); None where
+    the run did not record it."""
+    slack: Dict[Action, float] = {}
+    for rank in summary["timelines"]["bubble"]:
+        points = _steps(rank)[index].get("slack")
+        if points is None:
+            return None
+        for kind, stage, mb, seconds in points:
+            for action_kind in (("F",) if kind == "forward" else ("B", "BW")):
+                slack[(action_kind, stage, mb)] = seconds
+    return slack
 
 
 def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Each mode of a run, measured against its replay with the run's own
-    durations: the step (median over the measured steps) and the bubble
-    (waits of all ranks together: their mean over the measured steps, which
-    swing widely from step to step, and the range)."""
+    """Each mode of a run, measured against its replay: every measured
+    step replayed with its own durations (bubble mode with session mode's
+    step of the same index, the steps of modes run in turn, and the slack
+    its runtime learned), then the step (median over the steps) and the
+    bubble (waits of all ranks together: their mean over the steps, which
+    swing widely from step to step, and the range) set beside what was
+    measured (Note [What the simulator replays])."""
     cfg = summary["config"]
-    schedule = cfg["schedule"]
+    schedule, world = cfg["schedule"], cfg["world"]
+    micro_batches = cfg["model"]["micro_batches"]
+    orders, groups = rank_orders(schedule, world, micro_batches), overlaps(schedule, world, micro_batches)
+    placement, n_stages = _placement(schedule, world), SCHEDULES[schedule][1] * world
+    costs = measured_costs(summary)
     modes = [mode for mode in REPLAYED if mode in summary["timelines"]]
-    replays = replay_schedule(schedule, cfg["world"], cfg["model"]["micro_batches"], measured_costs(summary), modes)
+    steps = min(len(_steps(rank)) for mode in modes for rank in summary["timelines"][mode])
     rows = []
-    for mode, sim in replays.items():
+    for name, mode in [(m, m) for m in modes] + ([("bubble as run", "bubble")] if "bubble" in modes else []):
+        if name == "bubble as run":  # its own steps, prefires where they ran
+            replays = [replay(orders, placement, n_stages, step_costs(costs, summary, "bubble", k), "session",
+                              groups) for k in range(steps)]
+        else:
+            source = "session" if mode == "bubble" else mode
+            replays = [replay(orders, placement, n_stages, step_costs(costs, summary, source, k), mode, groups,
+                              measured_slack(summary, k) if mode == "bubble" else None) for k in range(steps)]
         step, waits = measured_step(summary, mode)
-        rows.append({"schedule": schedule, "mode": mode, "step_s": step, "simulated_step_s": sim.step_s,
+        rows.append({"schedule": schedule, "mode": name, "step_s": step,
+                     "simulated_step_s": statistics.median(r.step_s for r in replays),
                      "wait_s": statistics.mean(waits) if waits else None, "wait_range_s": waits and
-                     [min(waits), max(waits)], "simulated_wait_s": sum(sim.wait_s)})
+                     [min(waits), max(waits)], "simulated_wait_s": statistics.mean(sum(r.wait_s) for r in replays)})
     return rows
 
 
@@ -476,28 +548,68 @@ def scaled_costs(costs: Costs, measured_stages: int, schedule: str, world: int) 
                  {s: per_checkpoints * group for s in range(n_stages)}, costs.latency, costs.overhead, costs.tail)
 
 
+def scaled_steps(summary: Dict[str, Any], mode: str, schedule: str, world: int) -> List[Dict[Action, float]]:
+    """Per measured step of ``mode``, the durations of ``schedule``'s
+    actions on ``world`` ranks taken from that step (Note [What the
+    simulator replays]): a stage in the position of a measured one (first,
+    last, a middle one in turn), a micro-batch as the measured one of its
+    index modulo theirs; 1F1B's stage two measured ones together. An action
+    whose measured parts are not all there is left to the medians."""
+    cfg = summary["config"]
+    measured_stages, measured_mbs = SCHEDULES[cfg["schedule"]][1] * cfg["world"], cfg["model"]["micro_batches"]
+    group = 2 if schedule == "1f1b" else 1
+    fine_stages = SCHEDULES[schedule][1] * world * group
+
+    def measured_stage(fine: int) -> int:
+        if fine in (0, fine_stages - 1):
+            return 0 if fine == 0 else measured_stages - 1
+        return 1 + (fine - 1) % (measured_stages - 2)
+
+    out = []
+    steps = min(len(_steps(rank)) for rank in summary["timelines"][mode])
+    for k in range(steps):
+        took, _ = _step_durations(summary, mode, k)
+        instance: Dict[Action, float] = {}
+        for stage in range(fine_stages // group):
+            parts = [measured_stage(stage * group + g) for g in range(group)]
+            for kind in KINDS:
+                for mb in range(2 * world):
+                    got = [took.get((kind, part, mb % measured_mbs)) for part in parts]
+                    if all(t is not None for t in got):
+                        instance[(kind, stage, mb)] = sum(got)
+        out.append(instance)
+    return out
+
+
 def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any]:
     """One schedule on ``world`` ranks, micro-batches twice the ranks, from
-    a measured run's durations: step per mode, its ratios to torch's
-    checkpoint, the bubble fraction and H (Note [What the simulator
-    replays])."""
+    a measured run's durations, every measured step replayed with its own
+    (``scaled_steps``; bubble mode with session mode's): step per mode (the
+    median over steps), its ratios to torch's checkpoint, the bubble
+    fraction (the mean) and H (Note [What the simulator replays])."""
     cfg = summary["config"]
     measured_stages = SCHEDULES[cfg["schedule"]][1] * cfg["world"]
     costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
     n_stages = SCHEDULES[schedule][1] * world
     modes = [m for m in REPLAYED if not (m == "bubble" and schedule == "1f1b")]  # no bubble hook in 1F1B
-    runs = replay_schedule(schedule, world, 2 * world, costs, modes)
-    step = {mode: r.step_s for mode, r in runs.items()}
+    orders, groups = rank_orders(schedule, world, 2 * world), overlaps(schedule, world, 2 * world)
+    placement = _placement(schedule, world)
+    runs = {mode: [replay(orders, placement, n_stages, dataclasses.replace(costs, instance=instance), mode, groups)
+                   for instance in scaled_steps(summary, "session" if mode == "bubble" else mode, schedule, world)]
+            for mode in modes}
+    step = {mode: statistics.median(r.step_s for r in replays) for mode, replays in runs.items()}
+    waits = {mode: statistics.mean(sum(r.wait_s) for r in replays) for mode, replays in runs.items()}
     lazy = step["session"] - step["none"]
     # all ranks' recomputation in session mode against all their waits: H can be no larger
     recompute = 2 * world * sum(costs.checkpoints[s] * costs.checkpoint[s] for s in range(n_stages))
     return {
         "schedule": schedule, "world": world, "micro_batches": 2 * world, "step_s": step,
         "ratio_to_torch": {mode: step[mode] / step["torch"] for mode in step},
-        "bubble_fraction": {mode: r.bubble_fraction() for mode, r in runs.items()},
+        "bubble_fraction": {mode: statistics.mean(r.bubble_fraction() for r in replays)
+                            for mode, replays in runs.items()},
         "hidden_fraction": (step["session"] - step["bubble"]) / lazy if "bubble" in step and lazy > 0 else None,
-        "hidden_fraction_bound": min(1.0, sum(runs["session"].wait_s) / recompute) if recompute > 0 else None,
-        "prefire_s": sum(runs["bubble"].prefire_s) if "bubble" in runs else None,
+        "hidden_fraction_bound": min(1.0, waits["session"] / recompute) if recompute > 0 else None,
+        "prefire_s": statistics.mean(sum(r.prefire_s) for r in runs["bubble"]) if "bubble" in runs else None,
     }
 
 
@@ -617,7 +729,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       f"{row['measured_s'] * 1e3:11.1f}  {letters(row['best'])} / {letters(row['chosen'])}")
         return 0
     if a.command == "validate":
-        print(f"{'schedule':18} {'mode':8} {'step ms':>8} {'replay':>8} {'diff':>6}   "
+        print(f"{'schedule':18} {'mode':13} {'step ms':>8} {'replay':>8} {'diff':>6}   "
               f"{'bubble ms (steps min-max)':>26} {'replay':>8} {'diff':>6}")
         for summary in summaries:
             for row in validate(summary):
@@ -625,7 +737,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 bubble = (f"{waits * 1e3:9.1f} ({row['wait_range_s'][0] * 1e3:5.1f}-{row['wait_range_s'][1] * 1e3:5.1f})"
                           f" {sim_wait:8.1f} {row['simulated_wait_s'] / waits - 1:+6.1%}" if waits else
                           f"{'not seen':>26} {sim_wait:8.1f} {'-':>6}")
-                print(f"{row['schedule']:18} {row['mode']:8} {row['step_s'] * 1e3:8.1f} "
+                print(f"{row['schedule']:18} {row['mode']:13} {row['step_s'] * 1e3:8.1f} "
                       f"{row['simulated_step_s'] * 1e3:8.1f} {row['simulated_step_s'] / row['step_s'] - 1:+6.1%}   "
                       + bubble)
         return 0

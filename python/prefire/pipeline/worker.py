@@ -182,6 +182,9 @@ class ModeRun:
         held_before = prefire.runtime_stats().held_bytes
         before = prefire.runtime_stats().recomputations
         recorder.rss_peak = rss_before = _rss_bytes()
+        # the slack each wait point's rule 2 works to this step (Note [Filling bubbles]): the simulator's
+        bubbles = getattr(sessions, "bubbles", None)
+        slack = [[*point, s] for point, s in bubbles.slack.items()] if bubbles is not None else None
         dist.barrier()
         begin = time.monotonic()
         self.schedule.step(*self.args, **self.kwargs)
@@ -205,6 +208,7 @@ class ModeRun:
             "peak_held_bytes": prefire.runtime_stats().peak_held_bytes - held_before,
             "rss_growth_bytes": recorder.rss_peak - rss_before,
             "events": [list(e) for e in recorder.events],
+            "slack": slack,
         }
         if sessions is not None:
             record["pipelining"] = asdict(sessions.stats())
@@ -252,8 +256,8 @@ class ModeRun:
             "pipelining": last.get("pipelining"),
             # the last measured step's (plots), and every measured step's (the simulator's durations)
             "timeline": {"begin": last["begin"], "events": last["events"],
-                         "steps": [{"begin": s["begin"], "step_s": s["step_s"], "events": s["events"]}
-                                   for s in measured]},
+                         "steps": [{"begin": s["begin"], "step_s": s["step_s"], "events": s["events"],
+                                    "slack": s["slack"]} for s in measured]},
         }
 
 
