@@ -253,6 +253,27 @@ def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(n
     assert "torch-every2" in table(summary) and "plan 50%" in table(summary)
 
 
+def test_bubble_prefires_under_a_memory_budget_keep_it_on_two_ranks_with_exact_gradients(no_children_left):
+    """enable(schedule, bubble=True, memory_budget=...): bubble prefires
+    hold their recomputations in the sessions, within what the plan left
+    them; the budget holds in every step and the gradients stay exact."""
+    from prefire.pipeline import run
+    from prefire.pipeline.config import RunConfig
+    from prefire.pipeline.sweep import rows
+
+    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("none", "plan-bubble"), memory_budgets=(0.0, 0.5),
+                    meter_blocks=True, steps=3, warmup=3, timeout_s=120)
+    summary = run(cfg, world=2)
+    assert no_children_left()
+    sweep = rows(summary)
+    assert [r["name"] for r in sweep] == ["plan-bubble 0%", "plan-bubble 50%"]
+    for r in sweep:
+        assert r["within_budget"] and r["exact"], r
+        assert all(m <= b for m, b in zip(r["measuring_held"], r["budgets"])), r
+        ranks = summary["modes"][r["name"]]["ranks"]
+        assert sum(rank["pipelining"]["bubble_prefires"] for rank in ranks) > 0, r  # the filler ran
+
+
 def test_the_last_stage_is_counted_by_what_its_blocks_hold_after_w_once_seen(one_rank):
     # keeping everything holds what none holds; the first plan counts the last stage's micro-batches
     # to the step's end, whole, and cannot keep everything within a hair above it

@@ -29,8 +29,10 @@ MODES = ("none", "torch", "session", "bubble", "budget")
 #: the memory sweep's (``python -m prefire.pipeline.sweep``): torch-every<n>:
 #: torch.utils.checkpoint on the blocks whose index is a multiple of n; plan:
 #: sessions under ``enable(schedule, memory_budget=...)``, one run per
-#: fraction in ``RunConfig.memory_budgets``
-SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4", "plan")
+#: fraction in ``RunConfig.memory_budgets``; plan-bubble: the same with
+#: ``bubble=True`` (prefire in the bubbles within what the plan leaves)
+PLAN_MODES = ("plan", "plan-bubble")
+SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4") + PLAN_MODES
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,8 @@ class RunConfig:
         for mode in self.modes:
             if mode == "budget":
                 out += [(f"budget {round(f * 100)}%", mode, f) for f in self.budgets]
-            elif mode == "plan":
-                out += [(f"plan {round(f * 100)}%", mode, f) for f in self.memory_budgets]
+            elif mode in PLAN_MODES:
+                out += [(f"{mode} {round(f * 100)}%", mode, f) for f in self.memory_budgets]
             else:
                 out.append((mode, mode, None))
         return out

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .config import MODES, SCHEDULES, SWEEP_MODES, RunConfig
+from .config import MODES, PLAN_MODES, SCHEDULES, SWEEP_MODES, RunConfig
 from .launch import run_ranks
 from .model import ModelConfig, check_config, reference_gradients
 from .report import TIMES, compare_gradients, plot, summarize, table
@@ -49,7 +49,7 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     unknown = [m for m in modes if m not in known]
     if unknown or not modes or len(set(modes)) != len(modes):
         raise ValueError(f"unknown or repeated modes {list(modes)}; choose from {', '.join(known)}")
-    if "plan" in modes:
+    if set(PLAN_MODES) & set(modes):
         fractions = config.memory_budgets
         if not fractions or min(fractions) < 0 or len({round(f * 100) for f in fractions}) != len(fractions):
             raise ValueError(f"memory_budgets must be distinct non-negative fractions (whole percents), got "

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any, Dict, List, Optional
 
-from .config import SCHEDULES, RunConfig
+from .config import PLAN_MODES, SCHEDULES, RunConfig
 from .main import run
 from .model import ModelConfig
 
@@ -36,7 +36,7 @@ def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     modes = summary["modes"]
     out = []
     for name, mode in modes.items():
-        if not name.startswith("plan "):
+        if name.split(" ")[0] not in PLAN_MODES:
             continue
         budgets = [r["memory_budget"] for r in mode["ranks"]]
         fits = {t: modes[t] for t in TORCH if t in modes
@@ -70,7 +70,7 @@ def table(summary: Dict[str, Any]) -> str:
         plan = " ".join(f"{s}:{''.join('c' if c else 'k' for c in ck)}" for p in r["plan"] for s, ck in p.items())
         fits = ", ".join(f"{t} {s * 1e3:.0f}" for t, s in r["fits"].items()) or "none fits"
         ratio = f"{r['plan_over_fastest']:.2f}" if r["plan_over_fastest"] is not None else "-"
-        lines.append(f"  {r['name']:9s} {per_rank}  {r['step_s'] * 1e3:8.1f} ms  [{plan}]  {fits}  {ratio}  "
+        lines.append(f"  {r['name']:16s} {per_rank}  {r['step_s'] * 1e3:8.1f} ms  [{plan}]  {fits}  {ratio}  "
                      f"{r['plan_over_none']:.2f}{'' if r['within_budget'] else '  OVER BUDGET'}"
                      f"{'' if r['exact'] else '  GRADIENTS DIFFER'}")
     return "\n".join(lines)
@@ -84,8 +84,10 @@ def plot(summary: Dict[str, Any], path: str) -> None:
 
     modes = summary["modes"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    plans = sorted(rows(summary), key=lambda r: max(r["held"]))
-    ax.plot([max(r["held"]) / MiB for r in plans], [r["step_s"] * 1e3 for r in plans], "o-", label="prefire plan")
+    for mode, label in (("plan", "prefire plan"), ("plan-bubble", "prefire plan, bubble=True")):
+        plans = sorted((r for r in rows(summary) if r["name"].split(" ")[0] == mode), key=lambda r: max(r["held"]))
+        if plans:
+            ax.plot([max(r["held"]) / MiB for r in plans], [r["step_s"] * 1e3 for r in plans], "o-", label=label)
     torch_runs = sorted((m for m in TORCH if m in modes), key=lambda m: max(_held(modes[m])))
     ax.plot([max(_held(modes[m])) / MiB for m in torch_runs], [modes[m]["step_s"] * 1e3 for m in torch_runs], "s--",
             label="torch checkpoint (all, every n-th, none)")
@@ -110,6 +112,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--bubble", action="store_true",
+                   help="also each budget's plan with bubble=True (prefire in bubbles within what the plan leaves)")
     p.add_argument("--tiny", action="store_true", help="a tiny model (the test's)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plot", metavar="PATH")
@@ -117,8 +121,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     model = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2) if a.tiny \
         else ModelConfig()
     fractions = tuple(float(f) for f in a.memory_budgets.split(",") if f)
-    config = RunConfig(model=model, schedule=a.schedule, modes=TORCH + ("session", "plan"), steps=a.steps,
-                       warmup=a.warmup,
+    modes = TORCH + ("session",) + (PLAN_MODES if a.bubble else ("plan",))
+    config = RunConfig(model=model, schedule=a.schedule, modes=modes, steps=a.steps, warmup=a.warmup,
                        memory_budgets=fractions, meter_blocks=True, timeout_s=600.0)
     try:
         summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))

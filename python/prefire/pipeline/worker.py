@@ -30,7 +30,7 @@ from torch.distributed import pipelining as pp
 import prefire
 from prefire import pipelining
 
-from .config import SCHEDULES, RunConfig, stage_indices
+from .config import PLAN_MODES, SCHEDULES, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
 from .report import TIMES, hideable_s
 
@@ -138,8 +138,8 @@ class ModeRun:
         self.sessions = None
         if mode in ("session", "bubble", "budget"):
             self.sessions = pipelining.enable(self.schedule, bubble=mode != "session")
-        elif mode == "plan":  # the first step measures; its budget is set from what it found (step())
-            self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62)
+        elif mode in PLAN_MODES:  # the first step measures; its budget is set from what it found (step())
+            self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62, bubble=mode == "plan-bubble")
         self.recorder = Recorder(rank)
         for stage in stages:
             self.recorder.wrap_stage(stage)
@@ -166,7 +166,7 @@ class ModeRun:
             # what sessions alone held: warm-up steps before bubble prefires begin (their amount varies with timing)
             held = max(s["peak_held_bytes"] for s in self.steps if s["pipelining"]["bubble_prefires"] == 0)
             sessions.set_budget_bytes(int(held * self.budget_fraction))
-        if self.mode == "plan" and len(self.steps) == 1:
+        if self.mode in PLAN_MODES and len(self.steps) == 1:
             costs = sessions.plan.costs
             least = prefire.least_plan_bytes(costs)
             # what none mode held on this rank so far, or without it what keeping every block holds by the plan
