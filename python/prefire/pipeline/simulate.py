@@ -26,9 +26,8 @@ own time, latency, checkpoints), then the median step and the mean wait
 over the steps. Medians alone hold back what a step's waits are made of:
 a wait is one rank's path less another's, and which actions ran long
 differs from step to step (ZBV without checkpoints on 2 ranks: a replay
-of the medians waited 24 ms where the steps waited 29-81, mean 54, and
-their replays 49); predictions, which have no
-steps of their own, take the medians, so their waits lean short.
+of the medians waited 23 ms where the steps waited 21-97, mean 55, and
+their replays 49).
 Replaying: each rank runs its actions in order; an action starts when the
 rank is free and what it consumes is there (the forward of the stage before
 for F, the backward of the stage after for B or a full backward, plus the
@@ -60,9 +59,13 @@ timeline, the first the rules on top of it.
 Predictions (``predict``) keep what a stage is: a stage of the measured
 size costs what the measured first, middle (mean of the others) or last
 stage cost in that position, so a pipeline of more ranks is a model with
-more blocks (weak scaling), and micro-batches are twice the ranks. 1F1B's
-stage holds what two stages of the measured interleaved run hold (its cost
-the sum of the two), so its model per rank is the other schedules'. The
+more blocks (weak scaling), and micro-batches are twice the ranks. They
+replay steps too, one per measured step (``scaled_steps``): each action
+as long as the measured one of its kind took in that step, from the
+stage in its position (the middle ones in turn) and the micro-batch of
+its index modulo the measured count. 1F1B's stage holds what two stages
+of the measured interleaved run hold (its cost the sum of the two), so
+its model per rank is the other schedules'. The
 2-rank run cannot show contention that more ranks add (the network, a
 shared memory bus): these are predictions, said so wherever they appear.
 """
@@ -156,7 +159,7 @@ class Costs:
     latency: float
     overhead: float
     tail: float = 0.0
-    #: one measured step's actions, each as it took there (``step_costs``); the others by ``action``
+    #: one measured step's actions, each as it took there (``step_costs``, ``scaled_steps``); the rest by ``action``
     instance: Dict[Action, float] = field(default_factory=dict)
     #: a bubble step as it ran: the rank's bubble prefires before each action (``step_costs``)
     before: Dict[Action, float] = field(default_factory=dict)
