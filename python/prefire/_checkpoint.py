@@ -4,9 +4,10 @@ over prefire's C++ checkpoint, and torch's checkpoint_wrapper over it."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import warnings
-from typing import Any, Callable, ContextManager, Dict, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
@@ -147,12 +148,102 @@ def _as_forward_type(t: torch.Tensor, cls: type) -> torch.Tensor:
     return t.as_subclass(cls)
 
 
-def _for_prefire(context_fn):
-    """`context_fn` with selective checkpointing's caching mode told to keep
-    what it caches out of saved-tensor hooks: the hooks on top of torch's
-    stack during a checkpoint are prefire's own, and a tensor SAC keeps must
-    not become a slot prefire drops. Torch's checkpoint sets the same
-    attribute from its `respect_saved_tensors_hooks` argument."""
+# Note [Selective checkpointing inside prefire]
+# torch's selective activation checkpointing (SAC: a context_fn from
+# create_selective_checkpoint_contexts) caches the outputs of the ops its
+# policy saves during forward, in a store its two context managers share,
+# outside saved-tensor hooks; its recomputation context hands each entry
+# out once and marks it consumed, so a second recomputation raises ("backward
+# an extra time"). Three things prefire does about it:
+#  * The hooks on top of torch's stack inside a checkpoint are prefire's
+#    own, so SAC is told to keep its cache out of them (a tensor it keeps
+#    must not become a slot prefire drops); torch's checkpoint sets the same
+#    attribute from its respect_saved_tensors_hooks argument.
+#  * prefire recomputes a checkpoint more than once where B and W do not
+#    share one recomputation (a budget that lets go after B, the pipeline
+#    planner's measuring step, two backwards without a session), so each
+#    recomputation runs with the store as forward left it, and leaves it so.
+#    The cache then lives as long as the checkpoint (whose recomputation
+#    context holds it), not until the first backward.
+#  * That cache is memory the checkpoint holds, like its inputs: after
+#    forward its tensors are counted in the SavedTensorMeter around the
+#    checkpoint (_C._count_in_meter, each storage once with the rest the
+#    meter counts) until the checkpoint goes, and the planners count its
+#    bytes with the block's inputs (checkpoint_bytes). Inside another
+#    checkpoint's forward nothing is counted: the outer frame's saves are its
+#    own, and the outer checkpoint's recomputation makes the inner one again.
+_held = threading.local()  # .storages: what the last checkpoint on this thread holds beyond its inputs
+
+
+def checkpoint_bytes(tensors: List[torch.Tensor]) -> int:
+    """Bytes the last prefire.checkpoint call on this thread holds, its
+    inputs being ``tensors``: their storages and those it holds beyond them
+    (the SAC cache, Note [Selective checkpointing inside prefire]), once
+    each, leaves that require grad (parameters) not counted."""
+    return sum({**_storages(tensors), **getattr(_held, "storages", {})}.values())
+
+
+def _storages(tensors: List[torch.Tensor]) -> Dict[Tuple[Any, int], int]:
+    """(device, address) -> bytes of the storages of ``tensors``; leaves
+    that require grad (parameters) and views of them live anyway and are
+    left out."""
+    seen = {}
+    for t in tensors:
+        base = t if t._base is None else t._base
+        if base.is_leaf and base.requires_grad:
+            continue
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a subclass without storage
+            continue
+        seen[(t.device, storage.data_ptr())] = storage.nbytes()
+    return seen
+
+
+def _cached_tensors(store: Dict[Any, Any]) -> List[torch.Tensor]:
+    """The tensors a SAC store holds (each entry an op's outputs, wrapped)."""
+    out = []
+    for entries in store.values():
+        for entry in (entries.values() if isinstance(entries, dict) else entries):
+            for leaf in pytree.tree_leaves(entry):
+                tensor = getattr(leaf, "val", leaf)
+                if isinstance(tensor, torch.Tensor):
+                    out.append(tensor)
+    return out
+
+
+class _EveryRecomputation:
+    """SAC's recomputation context, entered by every recomputation with the
+    store as forward left it (Note [Selective checkpointing inside prefire])."""
+
+    def __init__(self, context: ContextManager, store: Dict[Any, Any]) -> None:
+        self.context, self.store = context, store
+        self.counted: Any = None  # the store's tensors counted in a meter, released with the checkpoint
+        self._as_forward_left: Optional[Dict[Any, Any]] = None
+
+    def count(self) -> Dict[Tuple[Any, int], int]:
+        """After forward: counts the cache in the meter around the
+        checkpoint; returns its storages (``_storages``)."""
+        tensors = _cached_tensors(self.store)
+        self.counted = _C._count_in_meter(tensors)
+        return _storages(tensors)
+
+    def __enter__(self):
+        self._as_forward_left = {key: copy.copy(entries) for key, entries in self.store.items()}
+        return self.context.__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return self.context.__exit__(*exc)
+        finally:
+            self.store.clear()
+            self.store.update(self._as_forward_left)
+            self._as_forward_left = None
+
+
+def _for_prefire(context_fn, made: List[_EveryRecomputation]):
+    """`context_fn` as prefire runs it (Note [Selective checkpointing
+    inside prefire]); SAC's recomputation contexts it makes go to `made`."""
     if context_fn is None:
         return None
 
@@ -160,6 +251,10 @@ def _for_prefire(context_fn):
         forward, recompute = context_fn()
         if getattr(forward, "respect_saved_tensors_hooks", False) is None:
             forward.respect_saved_tensors_hooks = False
+        store = getattr(forward, "storage", None)
+        if isinstance(store, dict) and getattr(recompute, "storage", None) is store:
+            recompute = _EveryRecomputation(recompute, store)
+            made.append(recompute)
         return forward, recompute
 
     return contexts
@@ -277,8 +372,10 @@ def checkpoint(
             forward.update(done=True, flat=flat, spec=out_spec)
         return [o for o in flat if isinstance(o, torch.Tensor)]
 
+    selective: List[_EveryRecomputation] = []
     tensors = _C.checkpoint(run, [leaves[i] for i in where], preserve_rng_state, determinism_check, early_stop,
-                            _for_prefire(context_fn))
+                            _for_prefire(context_fn, selective))
+    _held.storages = {key: nbytes for recompute in selective for key, nbytes in recompute.count().items()}
     for i in where:  # recomputations get them from the checkpoint, which saved them through autograd
         leaves[i] = None
     flat, out_spec = forward.pop("flat"), forward.pop("spec")

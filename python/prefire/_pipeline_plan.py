@@ -16,7 +16,9 @@ plan holds, but for blocks that save less than their inputs), and the
 sessions keep nothing for W (their budget is 0: W recomputes), so the step
 holds every block's inputs and one pass's recomputation. Per block it reads
 what keeping it would hold (``kept_bytes`` of its checkpoint: the storages
-its forward saved), its inputs' storages and its forward's time, which
+its forward saved), its inputs' storages with what the checkpoint holds
+beyond them (a selective checkpoint's cache, Note [Selective checkpointing
+inside prefire] in _checkpoint.py) and its forward's time, which
 stands for one recomputation (synchronised on CUDA; the measuring step
 only). When the rank's last action of the step has run (or the next step
 begins, for a schedule without an order of actions), the C++ planner
@@ -62,7 +64,8 @@ from . import _C
 from ._budget import RankBudget
 from ._meter import SavedTensorMeter
 from ._order import Action
-from ._plan import _input_bytes, _signature, _tensors, _timed
+from ._checkpoint import checkpoint_bytes
+from ._plan import _signature, _tensors, _timed
 
 _log = logging.getLogger("prefire")
 
@@ -136,7 +139,7 @@ class _StageForward:
         if self.choices is None:
             tensors = _tensors(args, kwargs)
             out, seconds = _timed(lambda: self._metered(True, checkpointed), any(t.is_cuda for t in tensors))
-            self.records.append((_input_bytes(tensors), seconds))
+            self.records.append((checkpoint_bytes(tensors), seconds))
             return out
         if index >= len(self.choices):
             raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s forward made more checkpoint calls than the "

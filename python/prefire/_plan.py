@@ -11,7 +11,10 @@ checkpointed (the least memory a plan can hold, up to blocks that save less
 than their inputs), and for each the runtime's census says what keeping it
 would hold (``kept_bytes``: the storages its forward saved, as a
 SavedTensorMeter counts them unchecked: parameters not counted), its inputs'
-storages say what the checkpoint holds instead, and its forward time stands for one recomputation (on CUDA
+storages, with what the checkpoint holds beyond them (a selective
+checkpoint's cache, Note [Selective checkpointing inside prefire] in
+_checkpoint.py), say what the checkpoint holds instead, and its forward
+time stands for one recomputation (on CUDA
 synchronised: the measuring step only). After the last block's forward the
 C++ planner (``plan_for_budget`` with ``Release.IN_BACKWARD``: one backward
 pass, a block's backward finds only the blocks below it held; Note [Choosing
@@ -44,7 +47,7 @@ from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch
 from torch.utils import _pytree as pytree
 
 from . import _C, _schedule
-from ._checkpoint import checkpoint
+from ._checkpoint import checkpoint, checkpoint_bytes
 
 BlockCost = _C.BlockCost
 Plan = _C.Plan
@@ -76,22 +79,6 @@ def plan_bytes(blocks: Sequence[BlockCost], checkpointed: Sequence[bool], prefir
 
 def _tensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
     return [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-
-
-def _input_bytes(tensors: List[torch.Tensor]) -> int:
-    """Bytes a checkpoint of a block holds for these inputs: their storages,
-    once each, leaves that require grad (parameters) not counted."""
-    seen = {}
-    for t in tensors:
-        base = t if t._base is None else t._base
-        if base.is_leaf and base.requires_grad:  # parameters and views of them live anyway
-            continue
-        try:
-            storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # a subclass without storage
-            continue
-        seen[(t.device, storage.data_ptr())] = storage.nbytes()
-    return sum(seen.values())
 
 
 def _timed(run: Callable[[], Any], synchronize: bool) -> Tuple[Any, float]:
@@ -199,7 +186,7 @@ class MemoryPlanner:
         if len(handles) != 1:
             raise RuntimeError(f"prefire.plan_checkpoints: block {index} made {len(handles)} outermost checkpoints "
                                f"where its checkpoint should be the one (is it inside another checkpoint?)")
-        measuring.costs[index] = BlockCost(_C.kept_bytes(handles[0]), _input_bytes(tensors), seconds)
+        measuring.costs[index] = BlockCost(_C.kept_bytes(handles[0]), checkpoint_bytes(tensors), seconds)
         if index == self.blocks - 1:
             self._choose(measuring)
         return out

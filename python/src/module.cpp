@@ -31,6 +31,7 @@
 #include <prefire/prefire.h>
 
 #include "../../src/hooks/hook_stack.h"
+#include "../../src/memory/count_in_meter.h"
 
 #include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/PyInterpreter.h>
@@ -210,6 +211,14 @@ RecomputeObserver wrap_observer(const py::object& observer) {
 
 // ---- scopes as context managers ----------------------------------------------
 
+/// What detail::count_in_meter() counts, for as long as Python keeps it.
+struct CountedInMeter {
+  explicit CountedInMeter(std::vector<std::unique_ptr<detail::PackedTensor>> counted) : tensors(std::move(counted)) {}
+  CountedInMeter(const CountedInMeter&) = delete;
+  CountedInMeter& operator=(const CountedInMeter&) = delete;
+  std::vector<std::unique_ptr<detail::PackedTensor>> tensors;
+};
+
 /// A C++ scope object, opened by __enter__ and closed by __exit__.
 template <typename Scope>
 struct PyScope {
@@ -281,6 +290,13 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("saved_tensors", [](const PyScope<SavedTensorMeter>& s) {
         return s.scope ? s.scope->saved_tensors() : 0;
       });
+
+  // Note [Selective checkpointing inside prefire] (python/prefire/_checkpoint.py)
+  py::class_<CountedInMeter>(m, "_CountedInMeter", "Tensors counted in a SavedTensorMeter while this lives.")
+      .def("__len__", [](const CountedInMeter& c) { return c.tensors.size(); });
+  m.def("_count_in_meter", [](const TensorList& tensors) {
+    return std::make_unique<CountedInMeter>(prefire::detail::count_in_meter(tensors));
+  }, py::arg("tensors"));
 
   py::enum_<PrefireStatus>(m, "PrefireStatus")
       .value("RECOMPUTED", PrefireStatus::kRecomputed)

@@ -1,6 +1,7 @@
 #include <prefire/saved_tensor_meter.h>
 
 #include "hooks/hook_stack.h"
+#include "memory/count_in_meter.h"
 #include "memory/storage_census.h"
 
 #include <c10/core/Storage.h>
@@ -89,6 +90,15 @@ class MeteredTensor final : public PackedTensor {
 
 std::unique_ptr<PackedTensor> MeterContext::pack(const at::Tensor& tensor) {
   return std::make_unique<MeteredTensor>(shared_from_this(), tensor);
+}
+
+std::vector<std::unique_ptr<PackedTensor>> count_in_meter(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::unique_ptr<PackedTensor>> counted;
+  auto* meter = dynamic_cast<MeterContext*>(current_hook_context());
+  if (meter == nullptr) return counted;
+  counted.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) counted.push_back(meter->pack(t));
+  return counted;
 }
 
 }  // namespace detail

@@ -334,6 +334,59 @@ def test_selective_checkpointing_context_fn_keeps_what_it_selects():
     assert mode.count == 3  # forward, and backward's two; the recomputation reuses the cached product
 
 
+def test_selective_checkpointing_recomputes_again_for_a_second_backward():
+    """B and W without a shared session (a budget that lets go after B):
+    the second recomputation finds the cache as forward left it, where
+    torch's checkpoint raises "backward an extra time"
+    (Note [Selective checkpointing inside prefire])."""
+    import functools
+
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+
+    def fn(a):
+        return torch.mm(torch.mm(a.cos(), w).sin(), w).sum()
+
+    y = fn(x)
+    with OpCounter(torch.ops.aten.mm.default) as unchecked:  # the products B and W compute themselves
+        expected = torch.autograd.grad(y, [x], retain_graph=True) + torch.autograd.grad(y, [w])
+    context_fn = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+    y = torch_checkpoint.checkpoint(fn, x, use_reentrant=False, context_fn=context_fn)
+    torch.autograd.grad(y, [x], retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward an extra time"):
+        torch.autograd.grad(y, [w])
+    before = prefire.runtime_stats().recomputations
+    y = prefire.checkpoint(fn, x, context_fn=context_fn)
+    with OpCounter(torch.ops.aten.mm.default) as mode:
+        (gx,) = torch.autograd.grad(y, [x], retain_graph=True)
+        (gw,) = torch.autograd.grad(y, [w])
+    assert prefire.runtime_stats().recomputations - before == 2
+    assert_bit_equal((gx, gw), expected)
+    assert mode.count == unchecked.count  # neither recomputation reran a cached product
+
+
+def test_selective_checkpointings_cache_is_counted_in_the_meter_while_the_checkpoint_lives():
+    import functools
+
+    w, base = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True)
+
+    def fn(a):
+        return torch.mm(torch.mm(a.cos(), w).sin(), w).sum()
+
+    context_fn = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+    block = 16 * 16 * 4
+    x = base * 1  # an activation: the checkpoint's input is counted
+    with prefire.SavedTensorMeter() as meter:
+        y = prefire.checkpoint(fn, x, context_fn=context_fn)
+    assert meter.current_bytes == 3 * block  # its input and the two products SAC keeps
+    assert prefire._checkpoint.checkpoint_bytes([x]) == 3 * block  # what the planners count for it
+    y.backward()
+    assert meter.current_bytes == 0  # gone with the checkpoint
+    with prefire.SavedTensorMeter() as meter:  # inside another checkpoint: the outer one's inputs only
+        y = prefire.checkpoint(lambda a: prefire.checkpoint(fn, a.exp(), context_fn=context_fn), base * 1)
+    assert meter.current_bytes == block
+    y.backward()
+
+
 # ---- the rest of torch's calling convention ----------------------------------------------
 
 

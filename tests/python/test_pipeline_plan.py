@@ -125,6 +125,39 @@ def test_every_budget_holds_and_gradients_stay_exact_under_every_plan(one_rank):
     assert ((True, True), (True, True)) in plans and ((False, False), (False, False)) in plans
 
 
+def selective_gpt(memory_budget, cfg=TINY):
+    """planned_gpt with torch's selective checkpointing inside each block:
+    attention's outputs are cached, the rest recomputed."""
+    import functools
+
+    import torch.utils.checkpoint as torch_checkpoint
+
+    ops = [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default]
+    context_fn = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, ops)
+    model = GPT(cfg)
+    modules = [Stage(model, i, 2, lambda b, x: prefire.checkpoint(b, x, context_fn=context_fn)) for i in range(2)]
+    return modules, loss_fn, data(cfg), memory_budget
+
+
+def test_selective_checkpoints_are_planned_with_their_cache_and_recompute_again_for_w(one_rank):
+    """Blocks whose checkpoint runs torch's SAC: the measuring step, whose
+    W recomputes after B let go, works (SAC alone raises there), a
+    checkpointed block is counted with what SAC caches, and every budget
+    holds with exact gradients (Note [Selective checkpointing inside
+    prefire])."""
+    plans = sweep(selective_gpt)
+    assert len(plans) >= 2
+    runs = []
+    for make in (planned_gpt, selective_gpt):
+        run = Run(*make(None)[:3], memory_budget=1 << 40)
+        run.step()
+        runs.append(run.sessions.plan.costs)
+        run.close()
+    for plain, selective in zip(*runs):
+        assert selective.saved_bytes == plain.saved_bytes  # kept, a block runs unchecked either way
+        assert selective.input_bytes > plain.input_bytes   # checkpointed, it holds SAC's cache too
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_budget_holds_on_random_block_sizes(one_rank, seed):
     rng = random.Random(seed)
