@@ -5,6 +5,7 @@ the measuring one included, gradients stay exact under every plan, a shape
 change re-plans, and a budget below the least plan says that least."""
 
 import random
+import statistics
 
 import pytest
 import torch
@@ -277,8 +278,12 @@ def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(n
         assert held["none"] == max(held.values()) > held["torch"] == min(held.values())
     sweep = rows(summary)
     assert [r["name"] for r in sweep] == ["plan 0%", "plan 50%", "plan 200%"]
+    every = summary["rounds"]["steps_s"]  # each measured step of each mode (one round), for the paired ratio
+    assert set(every) == set(modes) and all(len(rounds) == 1 and len(rounds[0]) == 2 for rounds in every.values())
     for r in sweep:
         assert r["within_budget"], r
+        pairs = [a / b for a, b in zip(every[r["name"]][0], every["none"][0])]
+        assert r["plan_over_none_paired"] == pytest.approx(statistics.median(pairs))
         assert all(m <= b for m, b in zip(r["measuring_held"], r["budgets"])), r  # the measuring step too
     least, _, most = sweep
     assert all(all(c) for plan in least["plan"] for c in plan.values())          # the least checkpoints all

@@ -132,8 +132,15 @@ def _hidden_fraction(lazy: Optional[float], pre: Optional[float], none: Optional
 
 
 def _spread(rounds: Dict[str, List[List[Dict[str, Any]]]]) -> Dict[str, Any]:
-    """Per round: each mode's step time (slowest rank) and H; with their min and max."""
+    """Per round: each mode's step time (slowest rank) and H; with their
+    min and max; and every measured step's time (slowest rank), per round
+    (``steps_s``: the modes' steps of one index ran in turn, side by side)."""
     steps = {mode: [max(r["step_s"] for r in ranks) for ranks in per_round] for mode, per_round in rounds.items()}
+    every: Dict[str, List[List[float]]] = {}
+    for mode, per_round in rounds.items():
+        if all("timeline" in r for ranks in per_round for r in ranks):
+            every[mode] = [[max(step) for step in zip(*([s["step_s"] for s in r["timeline"]["steps"]] for r in ranks))]
+                           for ranks in per_round]
     hs: List[Optional[float]] = []
     if {"session", "bubble", "none"} <= set(steps):
         hs = [_hidden_fraction(*times) for times in zip(steps["session"], steps["bubble"], steps["none"])]
@@ -142,6 +149,7 @@ def _spread(rounds: Dict[str, List[List[Dict[str, Any]]]]) -> Dict[str, Any]:
         "step_s": {mode: {"per_round": v, "min": min(v), "max": max(v)} for mode, v in steps.items()},
         "hidden_fraction": {"per_round": hs, "min": min(known) if known else None,
                             "max": max(known) if known else None},
+        "steps_s": every,
     }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -28,6 +29,17 @@ TORCH = ("none", "torch-every4", "torch-every3", "torch-every2", "torch")
 
 def _held(mode: Dict[str, Any]) -> List[int]:
     return [r["peak_held_bytes"] for r in mode["ranks"]]
+
+
+def paired(summary: Dict[str, Any], mode: str, base: str) -> Optional[float]:
+    """The median over every measured step of every round of ``mode``'s
+    step over ``base``'s step of the same index (those ran side by side:
+    the machine's slow spells fall on both), None without the steps."""
+    every = summary.get("rounds", {}).get("steps_s", {})
+    if mode not in every or base not in every:
+        return None
+    ratios = [a / b for ours, theirs in zip(every[mode], every[base]) for a, b in zip(ours, theirs)]
+    return statistics.median(ratios) if ratios else None
 
 
 def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -51,6 +63,7 @@ def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
             "fits": {t: m["step_s"] for t, m in fits.items()}, "fastest_fit": fastest,
             "plan_over_fastest": mode["step_s"] / fits[fastest]["step_s"] if fastest else None,
             "plan_over_none": mode["step_s"] / modes["none"]["step_s"] if "none" in modes else None,
+            "plan_over_none_paired": paired(summary, name, "none"),
         })
     return out
 
@@ -63,15 +76,17 @@ def table(summary: Dict[str, Any]) -> str:
             held = ", ".join(f"{h / MiB:.2f}" for h in _held(modes[t]))
             lines.append(f"  {t:13s} {held:>16s}  {modes[t]['step_s'] * 1e3:8.1f} ms")
     lines.append("prefire's plan: budget -> held MiB per rank (measuring step), step ms, checkpointed blocks per stage; "
-                 "torch's that fit; plan / fastest that fits; plan / none")
+                 "torch's that fit; plan / fastest that fits; plan / none (its steps over none's of the same index: "
+                 "their median)")
     for r in rows(summary):
         per_rank = "; ".join(f"{b / MiB:.2f} -> {h / MiB:.2f} ({m / MiB:.2f})"
                              for b, h, m in zip(r["budgets"], r["held"], r["measuring_held"]))
         plan = " ".join(f"{s}:{''.join('c' if c else 'k' for c in ck)}" for p in r["plan"] for s, ck in p.items())
         fits = ", ".join(f"{t} {s * 1e3:.0f}" for t, s in r["fits"].items()) or "none fits"
         ratio = f"{r['plan_over_fastest']:.2f}" if r["plan_over_fastest"] is not None else "-"
+        step_pairs = f" ({r['plan_over_none_paired']:.2f})" if r["plan_over_none_paired"] is not None else ""
         lines.append(f"  {r['name']:16s} {per_rank}  {r['step_s'] * 1e3:8.1f} ms  [{plan}]  {fits}  {ratio}  "
-                     f"{r['plan_over_none']:.2f}{'' if r['within_budget'] else '  OVER BUDGET'}"
+                     f"{r['plan_over_none']:.2f}{step_pairs}{'' if r['within_budget'] else '  OVER BUDGET'}"
                      f"{'' if r['exact'] else '  GRADIENTS DIFFER'}")
     return "\n".join(lines)
 
