@@ -91,6 +91,40 @@ def test_every_budget_holds_and_gradients_stay_exact_on_random_block_sizes(seed)
     assert not any(plan.checkpointed), "at the memory of keeping everything, nothing is recomputed"
 
 
+def test_selective_checkpoints_are_planned_with_what_their_cache_holds():
+    """Blocks checkpointed with torch's selective checkpointing (the
+    products cached): a checkpointed block counts its cache with its inputs,
+    and the census, which counts the cache too, stays within the plan
+    (Note [Selective checkpointing inside prefire])."""
+    import functools
+
+    import torch.utils.checkpoint as torch_checkpoint
+
+    context_fn = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts,
+                                   [torch.ops.aten.addmm.default])
+    reference = blocks_of([16, 160, 16, 160], dropout=0.0)
+    x = torch.randn(8, 24)
+    expected, none_bytes, _ = step(reference, x, 1)
+    costs = []
+    for kwargs in ({}, {"context_fn": context_fn}):
+        probe = copy.deepcopy(reference)
+        costs.append(prefire.plan_checkpoints(probe, memory_budget=none_bytes, **kwargs))
+        step(probe, x, 1)
+    for plain, selective in zip(costs[0].costs, costs[1].costs):
+        assert selective.saved_bytes == plain.saved_bytes and selective.input_bytes > plain.input_bytes
+    least = prefire.least_plan_bytes(costs[1].costs, ONE_PASS)
+    for budget in (least, (least + none_bytes) // 2):
+        blocks = copy.deepcopy(reference)
+        planner = prefire.plan_checkpoints(blocks, memory_budget=budget, context_fn=context_fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the measuring step may hold more than a tight budget
+            step(blocks, x, 1)
+        grads, held, recomputations = step(blocks, x, 1)
+        assert_bit_equal(grads, expected)
+        assert held <= planner.plan.peak_bytes <= budget, (budget, planner.describe())
+        assert recomputations == sum(planner.plan.checkpointed) > 0
+
+
 def test_a_shape_change_measures_and_plans_again_and_each_shape_keeps_its_plan():
     reference = blocks_of([16, 160, 16, 160])
     small, large = torch.randn(4, 24), torch.randn(8, 24)
