@@ -14,13 +14,14 @@ SavedTensorMeter counts them unchecked: parameters not counted), its inputs'
 storages, with what the checkpoint holds beyond them (a selective
 checkpoint's cache, Note [Selective checkpointing inside prefire] in
 _checkpoint.py), say what the checkpoint holds instead, and its forward
-time stands for one recomputation (on CUDA
-synchronised: the measuring step only). After the last block's forward the
-C++ planner (``plan_for_budget`` with ``Release.IN_BACKWARD``: one backward
-pass, a block's backward finds only the blocks below it held; Note [Choosing
-a plan] in src/memory/plan.cpp) chooses which blocks keep their activations, the plan is logged, and every
-later step of that signature runs it; a new signature measures again, so a
-shape change re-plans and alternating shapes each keep their plan.
+time stands for one recomputation (on CUDA synchronised: the measuring step
+only). After the last block's forward the C++ planner (``plan_for_budget``
+with ``Release.IN_BACKWARD``: one backward pass, a block's backward finds
+only the blocks below it held; Note [Choosing a plan] in
+src/memory/plan.cpp) chooses which blocks keep their activations, the plan
+is logged, and every later step of that signature runs it; a new signature
+measures again, so a shape change re-plans and alternating shapes each keep
+their plan.
 
 A budget below what the least plan holds raises at the end of the measuring
 forward, naming that minimum. What the measuring step itself held is

@@ -182,7 +182,7 @@ class ModeRun:
         held_before = prefire.runtime_stats().held_bytes
         before = prefire.runtime_stats().recomputations
         recorder.rss_peak = rss_before = _rss_bytes()
-        # the slack each wait point's rule 2 works to this step (Note [Filling bubbles]): the simulator's
+        # the slack each wait point's rule 2 works to in this step (Note [Filling bubbles]), for the simulator
         bubbles = getattr(sessions, "bubbles", None)
         slack = [[*point, s] for point, s in bubbles.slack.items()] if bubbles is not None else None
         dist.barrier()
