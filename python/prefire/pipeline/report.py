@@ -138,7 +138,7 @@ def _spread(rounds: Dict[str, List[List[Dict[str, Any]]]]) -> Dict[str, Any]:
     steps = {mode: [max(r["step_s"] for r in ranks) for ranks in per_round] for mode, per_round in rounds.items()}
     every: Dict[str, List[List[float]]] = {}
     for mode, per_round in rounds.items():
-        if all("timeline" in r for ranks in per_round for r in ranks):
+        if all(r.get("timeline", {}).get("steps") for ranks in per_round for r in ranks):
             every[mode] = [[max(step) for step in zip(*([s["step_s"] for s in r["timeline"]["steps"]] for r in ranks))]
                            for ranks in per_round]
     hs: List[Optional[float]] = []
