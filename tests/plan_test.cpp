@@ -286,4 +286,182 @@ TEST(Plan, InOneBackwardPassRandomBlocksStayWithinTheBudgetAndMatchTheExhaustive
   }
 }
 
+
+// ---- selective checkpoints: a third choice per block (Note [Selective checkpoints in a plan]) ----
+
+// per block: 0 kept, 1 checkpointed, 2 checkpointed selectively
+struct Choices {
+  std::vector<bool> checkpointed, selective;
+};
+
+Choices choices_of(const std::vector<int>& options) {
+  Choices c;
+  for (int o : options) {
+    c.checkpointed.push_back(o != 0);
+    c.selective.push_back(o == 2);
+  }
+  return c;
+}
+
+double seconds_of(const std::vector<BlockCost>& blocks, const Choices& c) {
+  double total = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (c.checkpointed[i]) total += c.selective[i] ? blocks[i].selective_seconds : blocks[i].recompute_seconds;
+  }
+  return total;
+}
+
+// The least recomputation of any keep/selective/full choice within the budget (-1: none fits).
+double exhaustive_best_of_three(const std::vector<BlockCost>& blocks, int64_t budget, prefire::Release release) {
+  double best = -1;
+  std::vector<int> options(blocks.size(), 0);
+  while (true) {
+    const Choices c = choices_of(options);
+    if (prefire::plan_bytes(blocks, c.checkpointed, 0, release, c.selective) <= budget) {
+      const double seconds = seconds_of(blocks, c);
+      if (best < 0 || seconds < best) best = seconds;
+    }
+    size_t i = 0;
+    for (; i < blocks.size(); ++i) {
+      if (options[i] < (blocks[i].selective_bytes >= 0 ? 2 : 1)) {
+        ++options[i];
+        break;
+      }
+      options[i] = 0;
+    }
+    if (i == blocks.size()) return best;
+  }
+}
+
+BlockCost selective_block(int64_t saved, int64_t input, double seconds, int64_t selective, double selective_seconds,
+                          int64_t in_flight = 1, int64_t group = -1) {
+  BlockCost b{saved, input, seconds, in_flight, group};
+  b.selective_bytes = selective;
+  b.selective_seconds = selective_seconds;
+  return b;
+}
+
+TEST(Plan, ASelectiveCheckpointHoldsWhatItKeepsAndIsRecomputedLikeTheWholeBlock) {
+  const std::vector<BlockCost> blocks{selective_block(100, 10, 1.0, 60, 0.2, 2), {200, 20, 2.0, 1}};
+  // selective: 2 micro-batches of its 60, and its recomputation is charged the block's saved 100
+  EXPECT_EQ(prefire::plan_bytes(blocks, {true, false}, 0, prefire::Release::kAtStepEnd, {true, false}),
+            2 * 60 + 200 + 100);
+  EXPECT_EQ(prefire::plan_bytes(blocks, {true, false}), 2 * 10 + 200 + 100);  // whole: its inputs
+  EXPECT_EQ(prefire::plan_bytes(blocks, {true, true}, 0, prefire::Release::kAtStepEnd, {true, false}),
+            2 * 60 + 20 + 200);
+  // in one backward pass: what blocks 0..j hold, and j's recomputation
+  const std::vector<BlockCost> one{selective_block(100, 10, 1.0, 60, 0.2), {200, 20, 2.0, 1}};
+  EXPECT_EQ(prefire::plan_bytes(one, {true, false}, 0, kInBackward, {true, false}), 60 + 200);
+  EXPECT_EQ(prefire::plan_bytes(one, {true, true}, 0, kInBackward, {true, false}), 60 + 20 + 200);
+  // selective where a block is kept, or has no selective checkpoint; or a size that differs
+  EXPECT_THROW(prefire::plan_bytes(blocks, {false, false}, 0, prefire::Release::kAtStepEnd, {true, false}),
+               std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes(blocks, {true, true}, 0, prefire::Release::kAtStepEnd, {false, true}),
+               std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes(blocks, {true, true}, 0, prefire::Release::kAtStepEnd, {true}),
+               std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes({selective_block(100, 10, 1.0, -2, 0.2)}, {false}), std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes({selective_block(100, 10, 1.0, 60, -1.0)}, {false}), std::invalid_argument);
+}
+
+TEST(Plan, SelectiveCheckpointsComeFirstWhereTheyFreeBytesCheapest) {
+  // a transformer block: 12 MiB saved, 1 MiB input, 1 ms; kept matmul outputs 8 MiB, 0.15 ms recomputed
+  std::vector<BlockCost> blocks(4, selective_block(12 << 20, 1 << 20, 1e-3, 8 << 20, 0.15e-3, 2));
+  const Choices all_selective = choices_of({2, 2, 2, 2});
+  const int64_t budget = prefire::plan_bytes(blocks, all_selective.checkpointed, 0, prefire::Release::kAtStepEnd,
+                                             all_selective.selective);
+  const prefire::Plan plan = prefire::plan_for_budget(blocks, budget);
+  EXPECT_EQ(plan.selective, all_selective.selective);
+  EXPECT_EQ(plan.checkpointed, all_selective.checkpointed);
+  EXPECT_DOUBLE_EQ(plan.recompute_seconds, 4 * 0.15e-3);
+  EXPECT_EQ(plan.peak_bytes, budget);
+  // without the third choice the same budget checkpoints two blocks whole: 3.3x the recomputation
+  for (auto& b : blocks) b.selective_bytes = -1;
+  EXPECT_DOUBLE_EQ(prefire::plan_for_budget(blocks, budget).recompute_seconds, 2e-3);
+}
+
+TEST(Plan, RandomSelectiveBlocksStayWithinTheBudgetAndMatchTheExhaustiveBest) {
+  std::mt19937_64 rng(2028);
+  std::uniform_int_distribution<int64_t> saved(1, 64 << 20);
+  std::uniform_real_distribution<double> fraction(0.02, 1.2);
+  std::uniform_real_distribution<double> share(0.0, 1.0);
+  std::uniform_real_distribution<double> ms(0.1, 10.0);
+  std::uniform_int_distribution<int> in_flight(1, 4);
+  std::uniform_int_distribution<int> count(1, 8);
+  std::uniform_int_distribution<int> group(-1, 2);
+  std::bernoulli_distribution coin(0.5);
+  for (prefire::Release release : {prefire::Release::kAtStepEnd, kInBackward}) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<BlockCost> blocks(static_cast<size_t>(count(rng)));
+      const bool stages = coin(rng);
+      for (auto& b : blocks) {
+        b.saved_bytes = saved(rng);
+        b.input_bytes = static_cast<int64_t>(static_cast<double>(b.saved_bytes) * fraction(rng));
+        b.recompute_seconds = ms(rng) * 1e-3;
+        if (coin(rng)) {  // a selective checkpoint between its inputs and all it saves, cheaper to recompute
+          const int64_t low = std::min(b.input_bytes, b.saved_bytes);
+          b.selective_bytes = low + static_cast<int64_t>(static_cast<double>(b.saved_bytes - low) * share(rng));
+          b.selective_seconds = b.recompute_seconds * share(rng);
+        }
+        if (release == prefire::Release::kAtStepEnd) {
+          b.in_flight = in_flight(rng);
+          b.group = stages ? group(rng) : -1;
+        }
+      }
+      const int64_t least = prefire::least_plan_bytes(blocks, release);
+      const int64_t most = prefire::plan_bytes(blocks, std::vector<bool>(blocks.size(), false), 0, release);
+      for (double at : {0.0, 0.1, 0.3, 0.5, 0.8, 1.0}) {
+        const int64_t budget =
+            least + static_cast<int64_t>(at * static_cast<double>(std::max<int64_t>(0, most - least)));
+        const prefire::Plan plan = prefire::plan_for_budget(blocks, budget, release);
+        ASSERT_LE(plan.peak_bytes, budget) << trial;
+        ASSERT_EQ(plan.peak_bytes,
+                  prefire::plan_bytes(blocks, plan.checkpointed, plan.prefire_ahead, release, plan.selective));
+        ASSERT_DOUBLE_EQ(plan.recompute_seconds, seconds_of(blocks, Choices{plan.checkpointed, plan.selective}));
+        const double best = exhaustive_best_of_three(blocks, budget, release);
+        if (release == prefire::Release::kAtStepEnd) {  // every choice tried: exact
+          ASSERT_LE(plan.recompute_seconds, best + 1e-12) << trial << " at " << at;
+          continue;
+        }
+        const int64_t slack = 2 * static_cast<int64_t>(blocks.size()) * (budget / 4096 + 1);  // the DP's rounding
+        const double best_with_slack = exhaustive_best_of_three(blocks, budget - slack, release);
+        if (best_with_slack >= 0) ASSERT_LE(plan.recompute_seconds, best_with_slack + 1e-12) << trial << " at " << at;
+      }
+    }
+  }
+}
+
+TEST(Plan, ManySelectiveBlocksStayWithinTheBudgetAndNeverRecomputeMoreThanWithoutThem) {
+  // past kExhaustivePlans: the knapsack with a choice per item
+  std::mt19937_64 rng(26);
+  std::uniform_int_distribution<int64_t> saved(1, 64 << 20);
+  std::uniform_real_distribution<double> share(0.1, 0.9);
+  std::uniform_real_distribution<double> ms(0.1, 10.0);
+  std::uniform_int_distribution<int> count(11, 40);
+  for (int trial = 0; trial < 30; ++trial) {
+    std::vector<BlockCost> blocks(static_cast<size_t>(count(rng)));
+    for (auto& b : blocks) {
+      b.saved_bytes = saved(rng);
+      b.input_bytes = b.saved_bytes / 8;
+      b.recompute_seconds = ms(rng) * 1e-3;
+      b.in_flight = 1 + trial % 4;
+      b.selective_bytes = b.input_bytes + static_cast<int64_t>(static_cast<double>(b.saved_bytes) * share(rng) / 2);
+      b.selective_seconds = b.recompute_seconds * share(rng);
+    }
+    std::vector<BlockCost> plain = blocks;
+    for (auto& b : plain) b.selective_bytes = -1;
+    const int64_t least = prefire::least_plan_bytes(blocks);
+    const int64_t most = prefire::plan_bytes(blocks, std::vector<bool>(blocks.size(), false));
+    for (double at : {0.0, 0.2, 0.5, 1.0}) {
+      const int64_t budget = least + static_cast<int64_t>(at * static_cast<double>(most - least));
+      const prefire::Plan plan = prefire::plan_for_budget(blocks, budget);
+      ASSERT_LE(plan.peak_bytes, budget) << trial;
+      ASSERT_EQ(plan.peak_bytes,
+                prefire::plan_bytes(blocks, plan.checkpointed, plan.prefire_ahead, prefire::Release::kAtStepEnd,
+                                    plan.selective));
+      ASSERT_LE(plan.recompute_seconds, prefire::plan_for_budget(plain, budget).recompute_seconds + 1e-12) << trial;
+    }
+  }
+}
+
 }  // namespace

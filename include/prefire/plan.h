@@ -17,6 +17,9 @@ namespace prefire {
 /// Up to this many blocks, Release::kAtStepEnd plans are chosen by trying
 /// every keep/checkpoint choice (Note [Choosing a plan]).
 inline constexpr size_t kExhaustiveBlocks = 16;
+/// ... and every keep/selective/full choice while there are at most this
+/// many of them in all (3 per block that has a selective checkpoint).
+inline constexpr size_t kExhaustivePlans = size_t{1} << kExhaustiveBlocks;
 
 /// What one block costs, as a step that checkpointed it measured.
 struct BlockCost {
@@ -33,6 +36,11 @@ struct BlockCost {
   int64_t saved_after_bytes = 0;  // bytes: of saved_bytes, what a kept block still holds after its micro-batch
                                   // let go, until the step ends (counted `done` times)
   int64_t input_after_bytes = 0;  // bytes: of input_bytes, the same for a checkpointed block
+  // A selective checkpoint (torch's SAC policy: the outputs of some ops kept, the rest recomputed), a third
+  // choice between keeping the block and checkpointing it whole (Note [Selective checkpoints in a plan]):
+  int64_t selective_bytes = -1;       // bytes: what it holds instead (its inputs and the outputs it keeps); -1: none
+  double selective_seconds = 0;       // seconds: one recomputation of what it does not keep
+  int64_t selective_after_bytes = 0;  // bytes: of selective_bytes, the same as input_after_bytes
 };
 
 /// When a step lets go of what a block holds (Note [What a plan holds]).
@@ -46,14 +54,18 @@ struct Plan {
   int64_t prefire_ahead = 0;       // checkpointed blocks recomputed ahead of the backward that needs them
   int64_t peak_bytes = 0;          // bytes: the most the plan holds, by Note [What a plan holds]
   double recompute_seconds = 0;    // seconds: what it recomputes per micro-batch
+  std::vector<bool> selective;     // per block: checkpointed selectively (only where checkpointed)
 };
 
 /// Bytes the plan `checkpointed` holds at most with `prefire_ahead` blocks
-/// prefired (Note [What a plan holds]). Throws std::invalid_argument on
-/// sizes that differ, a negative cost, or in_flight above 1 or a group with
+/// prefired (Note [What a plan holds]); `selective`: per block, whether its
+/// checkpoint is the selective one (empty: none is). Throws
+/// std::invalid_argument on sizes that differ, a negative cost, a selective
+/// choice for a block that is kept or has none, or in_flight above 1 or a group with
 /// Release::kInBackward (one backward pass of one micro-batch, one block at a time).
 int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed,
-                   int64_t prefire_ahead = 0, Release release = Release::kAtStepEnd);
+                   int64_t prefire_ahead = 0, Release release = Release::kAtStepEnd,
+                   const std::vector<bool>& selective = {});
 
 /// The least any plan holds (nothing prefired): the bound plan_for_budget()
 /// refuses below. Exact up to kExhaustiveBlocks blocks with Release::kAtStepEnd;

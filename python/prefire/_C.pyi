@@ -54,7 +54,8 @@ class _SavedTensorMeter:
 class BlockCost:
     def __init__(self, saved_bytes: int, input_bytes: int, recompute_seconds: float, in_flight: int = 1,
                  group: int = -1, alive: List[int] = ..., done: List[int] = ..., saved_after_bytes: int = 0,
-                 input_after_bytes: int = 0) -> None: ...
+                 input_after_bytes: int = 0, selective_bytes: int = -1, selective_seconds: float = 0.0,
+                 selective_after_bytes: int = 0) -> None: ...
     saved_bytes: int
     input_bytes: int
     recompute_seconds: float
@@ -64,12 +65,16 @@ class BlockCost:
     done: List[int]
     saved_after_bytes: int
     input_after_bytes: int
+    selective_bytes: int
+    selective_seconds: float
+    selective_after_bytes: int
 
 class Plan:
     checkpointed: List[bool]
     prefire_ahead: int
     peak_bytes: int
     recompute_seconds: float
+    selective: List[bool]
 
 class Release(Enum):
     AT_STEP_END = ...
@@ -77,7 +82,8 @@ class Release(Enum):
 
 def plan_for_budget(blocks: List[BlockCost], budget_bytes: int, release: Release) -> Plan: ...
 def least_plan_bytes(blocks: List[BlockCost], release: Release) -> int: ...
-def plan_bytes(blocks: List[BlockCost], checkpointed: List[bool], prefire_ahead: int, release: Release) -> int: ...
+def plan_bytes(blocks: List[BlockCost], checkpointed: List[bool], prefire_ahead: int, release: Release,
+               selective: List[bool] = ...) -> int: ...
 def set_session_budget(session: int, bytes: Optional[int]) -> None: ...
 
 class SessionStats:

@@ -339,13 +339,16 @@ PYBIND11_MODULE(_C, m) {
   py::class_<BlockCost>(m, "BlockCost")
       .def(py::init([](int64_t saved_bytes, int64_t input_bytes, double recompute_seconds, int64_t in_flight,
                        int64_t group, std::vector<int64_t> alive, std::vector<int64_t> done, int64_t saved_after_bytes,
-                       int64_t input_after_bytes) {
-             return BlockCost{saved_bytes,       input_bytes,     recompute_seconds, in_flight,        group,
-                              std::move(alive), std::move(done), saved_after_bytes, input_after_bytes};
+                       int64_t input_after_bytes, int64_t selective_bytes, double selective_seconds,
+                       int64_t selective_after_bytes) {
+             return BlockCost{saved_bytes,       input_bytes,       recompute_seconds, in_flight,
+                              group,             std::move(alive),  std::move(done),   saved_after_bytes,
+                              input_after_bytes, selective_bytes,   selective_seconds, selective_after_bytes};
            }),
            py::arg("saved_bytes"), py::arg("input_bytes"), py::arg("recompute_seconds"), py::arg("in_flight") = 1,
            py::arg("group") = -1, py::arg("alive") = std::vector<int64_t>{}, py::arg("done") = std::vector<int64_t>{},
-           py::arg("saved_after_bytes") = 0, py::arg("input_after_bytes") = 0)
+           py::arg("saved_after_bytes") = 0, py::arg("input_after_bytes") = 0, py::arg("selective_bytes") = -1,
+           py::arg("selective_seconds") = 0.0, py::arg("selective_after_bytes") = 0)
       .def_readonly("saved_bytes", &BlockCost::saved_bytes)
       .def_readonly("input_bytes", &BlockCost::input_bytes)
       .def_readonly("recompute_seconds", &BlockCost::recompute_seconds)
@@ -354,12 +357,16 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("alive", &BlockCost::alive)
       .def_readonly("done", &BlockCost::done)
       .def_readonly("saved_after_bytes", &BlockCost::saved_after_bytes)
-      .def_readonly("input_after_bytes", &BlockCost::input_after_bytes);
+      .def_readonly("input_after_bytes", &BlockCost::input_after_bytes)
+      .def_readonly("selective_bytes", &BlockCost::selective_bytes)
+      .def_readonly("selective_seconds", &BlockCost::selective_seconds)
+      .def_readonly("selective_after_bytes", &BlockCost::selective_after_bytes);
   py::class_<Plan>(m, "Plan")
       .def_readonly("checkpointed", &Plan::checkpointed)
       .def_readonly("prefire_ahead", &Plan::prefire_ahead)
       .def_readonly("peak_bytes", &Plan::peak_bytes)
-      .def_readonly("recompute_seconds", &Plan::recompute_seconds);
+      .def_readonly("recompute_seconds", &Plan::recompute_seconds)
+      .def_readonly("selective", &Plan::selective);
   py::enum_<Release>(m, "Release")
       .value("AT_STEP_END", Release::kAtStepEnd)
       .value("IN_BACKWARD", Release::kInBackward);
@@ -367,7 +374,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("release"));
   m.def("least_plan_bytes", &prefire::least_plan_bytes, py::arg("blocks"), py::arg("release"));
   m.def("plan_bytes", &prefire::plan_bytes, py::arg("blocks"), py::arg("checkpointed"), py::arg("prefire_ahead"),
-        py::arg("release"));
+        py::arg("release"), py::arg("selective") = std::vector<bool>{});
 
   // CUDA knobs (no-ops, or 0, without CUDA).
   m.def("cuda_available", &prefire::cuda_available);

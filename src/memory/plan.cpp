@@ -38,24 +38,41 @@
 // block's input is its predecessor's output) is counted for both: a plan
 // never holds more than it says.
 //
+// Note [Selective checkpoints in a plan]
+// A block may have a third choice (BlockCost::selective_bytes >= 0): a
+// selective checkpoint, whose forward keeps the outputs of the ops a policy
+// names (torch's SAC) and whose recomputation runs the rest. It holds
+// selective_bytes where a checkpoint holds input_bytes, recomputes in
+// selective_seconds, and its recomputation is charged the block's whole
+// saved bytes like a full one's: the kept outputs it hands back are counted
+// again there, as the runtime's census counts them (in the checkpoint's
+// meter and as recomputed bytes), so the plan says what the census sees. On
+// a transformer block on CPU the outputs of its matmuls and attention are
+// two thirds of what it saves and most of its forward's time, so a selective
+// checkpoint frees a third of a kept block for a sixth of a recomputation:
+// per byte freed the cheapest choice, until the budget needs more.
+//
 // Note [Choosing a plan]
 // Recomputation is what a plan costs, so the best plan within a budget keeps
 // the blocks whose recomputation takes longest per byte kept.
-//  * kAtStepEnd, up to kExhaustiveBlocks blocks (a pipeline rank's stages
-//    hold a few each): every keep/checkpoint choice is tried, 2^16 sums of
-//    at most 16 terms, a few milliseconds; the plan and least_plan_bytes()
-//    are exact.
-//  * kAtStepEnd, more blocks: with the largest checkpointed block fixed at M, that is a
-//    0/1 knapsack: blocks larger than M are kept, the others each cost
-//    in_flight * (saved - input) bytes to keep and save their
-//    recompute_seconds. Every M among the blocks' sizes is tried. Groups
+//  * kAtStepEnd, up to kExhaustivePlans choices in all (2 per block, 3 with
+//    a selective checkpoint; a pipeline rank's stages hold a few blocks
+//    each): every one is tried, 2^16 sums of at most 16 terms, a few
+//    milliseconds; the plan and least_plan_bytes() are exact.
+//  * kAtStepEnd, more: with the largest checkpointed block fixed at M, that is a
+//    knapsack with a choice per item: blocks larger than M are kept, the
+//    others each cost in_flight * (saved - input) bytes to keep and save
+//    their recompute_seconds, or in_flight * (selective - input) to check-
+//    point selectively and save recompute_seconds - selective_seconds.
+//    Every M among the blocks' sizes is tried. Groups
 //    make a pass larger than M, and moments (BlockCost::alive) make a
 //    block cost less than in_flight times its bytes at some moments; both
 //    are left to plan_bytes(), which refuses the candidates that do not
 //    fit, so with either this finds a plan that fits, not always the best.
 //  * kInBackward: the constraints are per position, so a dynamic program
 //    over the blocks in forward order, its state what blocks 0..j hold;
-//    checkpointing j needs its recomputation to fit on top of that state.
+//    checkpointing j (either way) needs its recomputation to fit on top of
+//    that state.
 // Both count bytes in kCapacityUnits units of what is left, a block's bytes
 // rounded up (the plan found always fits; it may miss one that fits to the
 // last byte). The plans a user would write by hand -- none, all, every n-th
@@ -70,6 +87,23 @@ namespace prefire {
 namespace {
 
 constexpr int64_t kCapacityUnits = 4096;
+
+// A block's choice in a plan.
+enum Option : uint8_t { kKeep, kFull, kSelective };
+using Options = std::vector<uint8_t>;  // one Option per block
+
+bool has_selective(const BlockCost& b) { return b.selective_bytes >= 0; }
+
+// What a block holds after its forward, and after its micro-batch let go, with option `o`.
+int64_t held_bytes(const BlockCost& b, uint8_t o) {
+  return o == kKeep ? b.saved_bytes : o == kFull ? b.input_bytes : b.selective_bytes;
+}
+int64_t after_bytes(const BlockCost& b, uint8_t o) {
+  return o == kKeep ? b.saved_after_bytes : o == kFull ? b.input_after_bytes : b.selective_after_bytes;
+}
+double option_seconds(const BlockCost& b, uint8_t o) {
+  return o == kKeep ? 0.0 : o == kFull ? b.recompute_seconds : b.selective_seconds;
+}
 
 // The moments of a step the blocks have (BlockCost::alive); 0: none.
 size_t moments(const std::vector<BlockCost>& blocks) {
@@ -95,13 +129,17 @@ void check(const std::vector<BlockCost>& blocks, Release release) {
     }
     if ((!b.done.empty() && b.done.size() != b.alive.size()) ||
         std::any_of(b.done.begin(), b.done.end(), [](int64_t d) { return d < 0; }) || b.saved_after_bytes < 0 ||
-        b.saved_after_bytes > b.saved_bytes || b.input_after_bytes < 0 || b.input_after_bytes > b.input_bytes) {
+        b.saved_after_bytes > b.saved_bytes || b.input_after_bytes < 0 || b.input_after_bytes > b.input_bytes ||
+        b.selective_after_bytes < 0 || b.selective_after_bytes > std::max<int64_t>(0, b.selective_bytes)) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + ": done needs as many moments as "
-                                  "alive, none negative, and the after bytes must lie within 0..saved or input bytes");
+                                  "alive, none negative, and the after bytes must lie within 0..saved, input or "
+                                  "selective bytes");
     }
-    if (b.saved_bytes < 0 || b.input_bytes < 0 || !(b.recompute_seconds >= 0) || b.in_flight < 1 || b.group < -1) {
+    if (b.saved_bytes < 0 || b.input_bytes < 0 || !(b.recompute_seconds >= 0) || b.in_flight < 1 || b.group < -1 ||
+        b.selective_bytes < -1 || !(b.selective_seconds >= 0)) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) +
-                                  " has a negative size or time, in_flight below 1 or a group below -1");
+                                  " has a negative size or time (selective_bytes -1: none), in_flight below 1 or a "
+                                  "group below -1");
     }
     if (release == Release::kInBackward && (b.in_flight != 1 || b.group != -1)) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + " has in_flight=" +
@@ -123,24 +161,22 @@ int64_t add_product(int64_t a, int64_t b, int64_t c) {
   return sum;
 }
 
-// What a plan holds with Release::kAtStepEnd (Note [What a plan holds]);
-// checkpointed(i): whether block i is.
-template <typename Checkpointed>
-int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Checkpointed& checkpointed, int64_t ahead) {
+// What a plan holds with Release::kAtStepEnd (Note [What a plan holds]).
+int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Options& options, int64_t ahead) {
   const size_t n_moments = std::max<size_t>(1, moments(blocks));
   std::vector<int64_t> at(n_moments, 0);           // what the blocks hold at each moment
   int64_t pass = -1;                               // the largest pass; -1: nothing checkpointed
   std::vector<std::pair<int64_t, int64_t>> groups;  // (group, its checkpointed blocks' saved bytes)
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
-    const int64_t bytes = checkpointed(i) ? b.input_bytes : b.saved_bytes;
-    const int64_t after = checkpointed(i) ? b.input_after_bytes : b.saved_after_bytes;
+    const int64_t bytes = held_bytes(b, options[i]);
+    const int64_t after = after_bytes(b, options[i]);
     for (size_t t = 0; t < n_moments; ++t) {
       at[t] = add_product(at[t], b.alive.empty() ? b.in_flight : b.alive[t], bytes);
       if (!b.done.empty()) at[t] = add_product(at[t], b.done[t], after);
     }
-    if (!checkpointed(i)) continue;
-    int64_t together = b.saved_bytes;
+    if (options[i] == kKeep) continue;
+    int64_t together = b.saved_bytes;  // a selective recomputation too (Note [Selective checkpoints in a plan])
     if (b.group >= 0) {
       auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == b.group; });
       if (it == groups.end()) it = groups.insert(groups.end(), {b.group, 0});
@@ -152,120 +188,184 @@ int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Checkpointe
   return pass < 0 ? held : add_product(held, 1 + ahead, pass);
 }
 
-double recompute_seconds(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed) {
-  double total = 0;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (checkpointed[i]) total += blocks[i].recompute_seconds;
+// What a plan holds with Release::kInBackward: when block j's backward runs, what blocks 0..j hold,
+// j's recomputation and the `ahead` nearest checkpointed blocks' below it.
+int64_t held_in_backward(const std::vector<BlockCost>& blocks, const Options& options, int64_t ahead) {
+  int64_t prefix = 0;
+  int64_t peak = 0;
+  std::vector<int64_t> recomputations_below;  // saved bytes of the checkpointed blocks before j, nearest last
+  for (size_t j = 0; j < blocks.size(); ++j) {
+    const BlockCost& b = blocks[j];
+    prefix = add_product(prefix, 1, held_bytes(b, options[j]));
+    peak = std::max(peak, prefix);
+    if (options[j] == kKeep) continue;
+    int64_t held = add_product(prefix, 1, b.saved_bytes);
+    for (int64_t k = 0; k < ahead && k < static_cast<int64_t>(recomputations_below.size()); ++k) {
+      held = add_product(held, 1, recomputations_below[recomputations_below.size() - 1 - static_cast<size_t>(k)]);
+    }
+    peak = std::max(peak, held);
+    recomputations_below.push_back(b.saved_bytes);
   }
+  return peak;
+}
+
+int64_t held(const std::vector<BlockCost>& blocks, const Options& options, int64_t ahead, Release release) {
+  return release == Release::kInBackward ? held_in_backward(blocks, options, ahead)
+                                         : held_at_step_end(blocks, options, ahead);
+}
+
+double recompute_seconds(const std::vector<BlockCost>& blocks, const Options& options) {
+  double total = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) total += option_seconds(blocks[i], options[i]);
   return total;
 }
 
-// The blocks of size at most `largest` that stay checkpointed when the
-// others are kept and `capacity` bytes are left to keep more of them with
-// (Note [Choosing a plan]).
-std::vector<bool> knapsack(const std::vector<BlockCost>& blocks, int64_t largest, int64_t capacity) {
+// The blocks of size at most `largest` that stay checkpointed (fully or
+// selectively) when the others are kept and `capacity` bytes are left to
+// keep more of them, or to checkpoint them selectively, with (Note
+// [Choosing a plan]): a knapsack with a choice per item.
+Options knapsack(const std::vector<BlockCost>& blocks, int64_t largest, int64_t capacity) {
   const int64_t unit = std::max<int64_t>(1, (capacity + kCapacityUnits - 1) / kCapacityUnits);
-  const int64_t units = capacity / unit;
-  std::vector<size_t> items;
-  std::vector<int64_t> weight;
-  std::vector<bool> checkpointed(blocks.size(), false);
+  const auto units = static_cast<size_t>(capacity / unit);
+  struct Item {
+    size_t block;
+    uint8_t option;  // kKeep or kSelective, in place of kFull
+    size_t weight;   // units
+    double value;    // recompute seconds it saves over kFull
+  };
+  std::vector<std::vector<Item>> items;  // per block that has a choice, its options beyond kFull
+  Options options(blocks.size(), kKeep);
   for (size_t i = 0; i < blocks.size(); ++i) {
-    if (blocks[i].saved_bytes > largest) continue;  // kept
-    const int64_t extra = add_product(0, blocks[i].in_flight, blocks[i].saved_bytes - blocks[i].input_bytes);
-    if (extra <= 0) continue;  // keeping it costs nothing
-    items.push_back(i);
-    weight.push_back((extra + unit - 1) / unit);
-    checkpointed[i] = true;
+    const BlockCost& b = blocks[i];
+    if (b.saved_bytes > largest) continue;  // kept
+    const int64_t keep = add_product(0, b.in_flight, b.saved_bytes - b.input_bytes);
+    if (keep <= 0) continue;  // keeping it costs nothing
+    options[i] = kFull;
+    std::vector<Item> choice;
+    auto add = [&](uint8_t option, int64_t extra, double value) {
+      if (value <= 0) return;
+      const int64_t w = (std::max<int64_t>(0, extra) + unit - 1) / unit;
+      if (w <= static_cast<int64_t>(units)) choice.push_back({i, option, static_cast<size_t>(w), value});
+    };
+    add(kKeep, keep, b.recompute_seconds);
+    if (has_selective(b)) {
+      add(kSelective, add_product(0, b.in_flight, b.selective_bytes - b.input_bytes),
+          b.recompute_seconds - b.selective_seconds);
+    }
+    if (!choice.empty()) items.push_back(std::move(choice));
   }
-  // best[c]: the most recompute seconds kept within c units; took[k][c]: item k kept there
-  std::vector<double> best(static_cast<size_t>(units) + 1, 0.0);
-  std::vector<std::vector<bool>> took(items.size(), std::vector<bool>(static_cast<size_t>(units) + 1, false));
+  // best[c]: the most recompute seconds saved within c units; took[k][c]: item k's option there (0: kFull)
+  std::vector<double> best(units + 1, 0.0);
+  std::vector<std::vector<uint8_t>> took(items.size(), std::vector<uint8_t>(units + 1, 0));
   for (size_t k = 0; k < items.size(); ++k) {
-    const double value = blocks[items[k]].recompute_seconds;
-    for (int64_t c = units; c >= weight[k]; --c) {
-      const double with = best[static_cast<size_t>(c - weight[k])] + value;
-      if (with > best[static_cast<size_t>(c)]) {
-        best[static_cast<size_t>(c)] = with;
-        took[k][static_cast<size_t>(c)] = true;
+    for (size_t c = units + 1; c-- > 0;) {  // downwards: best[c - w] is still the value before item k
+      const double before = best[c];
+      for (size_t o = 0; o < items[k].size(); ++o) {
+        const Item& item = items[k][o];
+        if (item.weight > c) continue;
+        const double with = (item.weight == 0 ? before : best[c - item.weight]) + item.value;
+        if (with > best[c]) {
+          best[c] = with;
+          took[k][c] = static_cast<uint8_t>(o + 1);
+        }
       }
     }
   }
-  int64_t c = units;
+  size_t c = units;
   for (size_t k = items.size(); k-- > 0;) {
-    if (took[k][static_cast<size_t>(c)]) {
-      checkpointed[items[k]] = false;
-      c -= weight[k];
-    }
+    if (took[k][c] == 0) continue;
+    const Item& item = items[k][took[k][c] - 1];
+    options[item.block] = item.option;
+    c -= item.weight;
   }
-  return checkpointed;
+  return options;
 }
 
 // Every block larger than `largest` kept, the others checkpointed unless
 // they save no more than their inputs.
-std::vector<bool> below(const std::vector<BlockCost>& blocks, int64_t largest) {
-  std::vector<bool> checkpointed(blocks.size(), false);
+Options below(const std::vector<BlockCost>& blocks, int64_t largest) {
+  Options options(blocks.size(), kKeep);
   for (size_t i = 0; i < blocks.size(); ++i) {
-    checkpointed[i] = blocks[i].saved_bytes <= largest && blocks[i].input_bytes < blocks[i].saved_bytes;
+    if (blocks[i].saved_bytes <= largest && blocks[i].input_bytes < blocks[i].saved_bytes) options[i] = kFull;
   }
-  return checkpointed;
+  return options;
 }
 
 // The plan that recomputes least with Release::kInBackward: dynamic
 // programming over the blocks in forward order, the state what blocks 0..j
 // hold, in kCapacityUnits units of the budget, bytes rounded up (Note
 // [Choosing a plan]).
-std::vector<bool> by_position(const std::vector<BlockCost>& blocks, int64_t budget) {
+Options by_position(const std::vector<BlockCost>& blocks, int64_t budget) {
   const int64_t unit = std::max<int64_t>(1, (budget + kCapacityUnits - 1) / kCapacityUnits);
   const auto units = static_cast<size_t>(budget / unit);
   auto rounded = [&](int64_t bytes) { return static_cast<size_t>(bytes / unit + (bytes % unit != 0)); };
   constexpr double kNone = std::numeric_limits<double>::infinity();
   std::vector<double> best(units + 1, kNone);  // best[p]: the least seconds with blocks 0..j holding p units
   best[0] = 0;
-  // from[j][q]: the state before block j on the way to q, with the choice in its sign (checkpointed: negative)
-  std::vector<std::vector<int64_t>> from(blocks.size(), std::vector<int64_t>(units + 1, 0));
+  // from[j][q]: the state before block j on the way to q; chose[j][q]: block j's option there
+  std::vector<std::vector<size_t>> from(blocks.size(), std::vector<size_t>(units + 1, 0));
+  std::vector<Options> chose(blocks.size(), Options(units + 1, kKeep));
   for (size_t j = 0; j < blocks.size(); ++j) {
-    const size_t saved = rounded(blocks[j].saved_bytes);
-    const size_t input = rounded(blocks[j].input_bytes);
+    const BlockCost& b = blocks[j];
+    const size_t saved = rounded(b.saved_bytes);
     std::vector<double> next(units + 1, kNone);
     for (size_t p = 0; p <= units; ++p) {
       if (best[p] == kNone) continue;
-      if (saved <= units - p && best[p] < next[p + saved]) {  // kept
-        next[p + saved] = best[p];
-        from[j][p + saved] = static_cast<int64_t>(p) + 1;
-      }
-      const double seconds = best[p] + blocks[j].recompute_seconds;  // checkpointed: its recomputation fits
-      if (input <= units - p && saved <= units - p - input && seconds < next[p + input]) {
-        next[p + input] = seconds;
-        from[j][p + input] = -(static_cast<int64_t>(p) + 1);
+      for (uint8_t o : {kKeep, kFull, kSelective}) {
+        if (o == kSelective && !has_selective(b)) continue;
+        const size_t bytes = rounded(held_bytes(b, o));
+        // kept: it fits; checkpointed: its recomputation fits on top too
+        if (bytes > units - p || (o != kKeep && saved > units - p - bytes)) continue;
+        const double seconds = best[p] + option_seconds(b, o);
+        if (seconds < next[p + bytes]) {
+          next[p + bytes] = seconds;
+          from[j][p + bytes] = p;
+          chose[j][p + bytes] = o;
+        }
       }
     }
     best = std::move(next);
   }
-  std::vector<bool> checkpointed(blocks.size(), true);  // nothing fits: a plan the caller finds over budget
+  Options options(blocks.size(), kFull);  // nothing fits: a plan the caller finds over budget
   size_t q = 0;
   for (size_t p = 1; p <= units; ++p) {
     if (best[p] < best[q]) q = p;
   }
-  if (best[q] == kNone) return checkpointed;
+  if (best[q] == kNone) return options;
   for (size_t j = blocks.size(); j-- > 0;) {
-    const int64_t f = from[j][q];
-    checkpointed[j] = f < 0;
-    q = static_cast<size_t>((f < 0 ? -f : f) - 1);
+    options[j] = chose[j][q];
+    q = from[j][q];
   }
-  return checkpointed;
+  return options;
 }
 
+// Whether every choice is tried (Note [Choosing a plan]): Release::kAtStepEnd and at most kExhaustivePlans of them.
 bool exhaustive(const std::vector<BlockCost>& blocks, Release release) {
-  return release == Release::kAtStepEnd && blocks.size() <= kExhaustiveBlocks;
+  if (release != Release::kAtStepEnd || blocks.size() > kExhaustiveBlocks) return false;
+  size_t plans = 1;
+  for (const BlockCost& b : blocks) {
+    plans *= has_selective(b) ? 3 : 2;
+    if (plans > kExhaustivePlans) return false;
+  }
+  return true;
 }
 
-// Every keep/checkpoint choice, each as a mask (bit i: block i checkpointed).
+// Every choice per block (kKeep, kFull, and kSelective where a block has it), in turn.
 template <typename Consider>
 void every_plan(const std::vector<BlockCost>& blocks, const Consider& consider) {
-  std::vector<bool> checkpointed(blocks.size());
-  for (uint32_t mask = 0; mask < (1u << blocks.size()); ++mask) {
-    for (size_t i = 0; i < blocks.size(); ++i) checkpointed[i] = (mask >> i) & 1u;
-    consider(checkpointed);
+  Options options(blocks.size(), kKeep);
+  while (true) {
+    consider(options);
+    size_t i = 0;  // the next choice: count up, each block a digit of 2 or 3
+    for (; i < blocks.size(); ++i) {
+      const uint8_t last = has_selective(blocks[i]) ? kSelective : kFull;
+      if (options[i] < last) {
+        ++options[i];
+        break;
+      }
+      options[i] = kKeep;
+    }
+    if (i == blocks.size()) return;
   }
 }
 
@@ -292,49 +392,36 @@ int64_t bytes_below(const std::vector<BlockCost>& blocks, int64_t largest) {
 }  // namespace
 
 int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed,
-                   int64_t prefire_ahead, Release release) {
+                   int64_t prefire_ahead, Release release, const std::vector<bool>& selective) {
   check(blocks, release);
-  if (checkpointed.size() != blocks.size()) {
-    throw std::invalid_argument("prefire::plan_bytes: " + std::to_string(checkpointed.size()) +
-                                " choices for " + std::to_string(blocks.size()) + " blocks");
+  if (checkpointed.size() != blocks.size() || (!selective.empty() && selective.size() != blocks.size())) {
+    throw std::invalid_argument("prefire::plan_bytes: " + std::to_string(checkpointed.size()) + " choices and " +
+                                std::to_string(selective.size()) + " selective ones for " +
+                                std::to_string(blocks.size()) + " blocks (selective: none or one per block)");
   }
   if (prefire_ahead < 0) throw std::invalid_argument("prefire::plan_bytes: prefire_ahead must be >= 0");
-  if (release == Release::kInBackward) {
-    // held when block j's backward runs: what blocks 0..j hold, j's recomputation and the next
-    // prefire_ahead checkpointed blocks' below it
-    int64_t prefix = 0;
-    int64_t peak = 0;
-    std::vector<int64_t> recomputations_below;  // saved bytes of the checkpointed blocks before j, nearest last
-    for (size_t j = 0; j < blocks.size(); ++j) {
-      const BlockCost& b = blocks[j];
-      prefix = add_product(prefix, 1, checkpointed[j] ? b.input_bytes : b.saved_bytes);
-      peak = std::max(peak, prefix);
-      if (!checkpointed[j]) continue;
-      int64_t held = add_product(prefix, 1, b.saved_bytes);
-      for (int64_t k = 0; k < prefire_ahead && k < static_cast<int64_t>(recomputations_below.size()); ++k) {
-        held = add_product(held, 1, recomputations_below[recomputations_below.size() - 1 - static_cast<size_t>(k)]);
-      }
-      peak = std::max(peak, held);
-      recomputations_below.push_back(b.saved_bytes);
+  Options options(blocks.size(), kKeep);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const bool sel = !selective.empty() && selective[i];
+    if (sel && (!checkpointed[i] || !has_selective(blocks[i]))) {
+      throw std::invalid_argument("prefire::plan_bytes: block " + std::to_string(i) + " is chosen selective but " +
+                                  (checkpointed[i] ? "has no selective checkpoint (selective_bytes -1)"
+                                                   : "is not checkpointed"));
     }
-    return peak;
+    options[i] = sel ? kSelective : checkpointed[i] ? kFull : kKeep;
   }
-  return held_at_step_end(blocks, [&](size_t i) { return checkpointed[i]; }, prefire_ahead);
+  return held(blocks, options, prefire_ahead, release);
 }
 
 int64_t least_plan_bytes(const std::vector<BlockCost>& blocks, Release release) {
   check(blocks, release);
+  int64_t least = std::numeric_limits<int64_t>::max();
   if (exhaustive(blocks, release)) {
-    int64_t least = std::numeric_limits<int64_t>::max();
-    for (uint32_t mask = 0; mask < (1u << blocks.size()); ++mask) {
-      least = std::min(least, held_at_step_end(blocks, [&](size_t i) { return (mask >> i) & 1u; }, 0));
-    }
+    every_plan(blocks, [&](const Options& options) { least = std::min(least, held_at_step_end(blocks, options, 0)); });
     return least;
   }
-  int64_t least = plan_bytes(blocks, std::vector<bool>(blocks.size(), false), 0, release);
-  for (int64_t largest : distinct_sizes(blocks)) {
-    least = std::min(least, plan_bytes(blocks, below(blocks, largest), 0, release));
-  }
+  least = held(blocks, Options(blocks.size(), kKeep), 0, release);
+  for (int64_t largest : distinct_sizes(blocks)) least = std::min(least, held(blocks, below(blocks, largest), 0, release));
   return least;
 }
 
@@ -345,25 +432,27 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes,
                                 " is below the least any plan holds: " + std::to_string(least) +
                                 " bytes (Note [What a plan holds] in src/memory/plan.cpp)");
   }
-  Plan best;
+  Options chosen;
   bool found = false;
-  auto consider = [&](const std::vector<bool>& checkpointed) {
-    const int64_t bytes = plan_bytes(blocks, checkpointed, 0, release);
+  int64_t chosen_bytes = 0;
+  double chosen_seconds = 0;
+  auto consider = [&](const Options& options) {
+    const int64_t bytes = held(blocks, options, 0, release);
     if (bytes > budget_bytes) return;
-    const double seconds = recompute_seconds(blocks, checkpointed);
-    if (found && (seconds > best.recompute_seconds || (seconds == best.recompute_seconds && bytes >= best.peak_bytes))) {
-      return;
-    }
-    best = Plan{checkpointed, 0, bytes, seconds};
+    const double seconds = recompute_seconds(blocks, options);
+    if (found && (seconds > chosen_seconds || (seconds == chosen_seconds && bytes >= chosen_bytes))) return;
     found = true;
+    chosen = options;
+    chosen_bytes = bytes;
+    chosen_seconds = seconds;
   };
   const size_t n = blocks.size();
   if (exhaustive(blocks, release)) every_plan(blocks, consider);
-  consider(std::vector<bool>(n, false));
+  consider(Options(n, kKeep));
   for (size_t every = 1; every <= n; ++every) {  // what torch users write: every n-th block (1: all)
-    std::vector<bool> checkpointed(n, false);
-    for (size_t i = 0; i < n; i += every) checkpointed[i] = true;
-    consider(checkpointed);
+    Options options(n, kKeep);
+    for (size_t i = 0; i < n; i += every) options[i] = kFull;
+    consider(options);
   }
   for (int64_t largest : distinct_sizes(blocks)) {
     consider(below(blocks, largest));  // least_plan_bytes()'s plans: one of them fits
@@ -373,10 +462,17 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes,
     }
   }
   if (release == Release::kInBackward) consider(by_position(blocks, budget_bytes));
+  Plan best;
+  for (uint8_t o : chosen) {
+    best.checkpointed.push_back(o != kKeep);
+    best.selective.push_back(o == kSelective);
+  }
+  best.peak_bytes = held(blocks, chosen, 0, release);
+  best.recompute_seconds = recompute_seconds(blocks, chosen);
   // what is left goes to prefiring ahead
   const int64_t checkpoints = std::count(best.checkpointed.begin(), best.checkpointed.end(), true);
   while (best.prefire_ahead + 1 < checkpoints) {
-    const int64_t bytes = plan_bytes(blocks, best.checkpointed, best.prefire_ahead + 1, release);
+    const int64_t bytes = held(blocks, chosen, best.prefire_ahead + 1, release);
     if (bytes > budget_bytes) break;
     ++best.prefire_ahead;
     best.peak_bytes = bytes;
