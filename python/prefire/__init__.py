@@ -42,6 +42,7 @@ from ._plan import (
     plan_for_budget,
     plan_checkpoints,
 )
+from ._selective import MATMUL_AND_ATTENTION
 from ._schedule import (
     CheckpointHandle,
     PrefireStatus,
@@ -64,6 +65,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointHandle",
     "CheckpointWrapper",
+    "MATMUL_AND_ATTENTION",
     "MemoryPlanner",
     "Plan",
     "PlannedBlock",

@@ -45,6 +45,17 @@ budget holds at every step, the measuring one included, for any budget at
 or above what checkpointing everything holds; a budget below the least
 plan raises at the end of its measuring step, naming that least.
 
+With ``selective=`` a block has a third choice, a selective checkpoint
+(torch's SAC by a policy: Note [Selective checkpoints in a plan] in
+src/memory/plan.cpp): the measuring forward of each block whose call has
+no context_fn of its own runs under a probe that finds what that would
+hold beyond the inputs and what share of the forward's time it would
+recompute (Note [Measuring a selective checkpoint] in _selective.py),
+without holding it, so the measuring step holds what it holds without
+the choice. A block chosen so runs ``prefire.checkpoint`` with the
+policy's context_fn, in its own meter like the others; what it holds
+after W is learnt as for the other two choices.
+
 A later step whose signature was measured runs that plan; one whose
 signature is new measures again (a shape change re-plans; shapes that
 alternate each keep their plan). A stage forward that makes another number
@@ -66,6 +77,9 @@ from ._meter import SavedTensorMeter
 from ._order import Action
 from ._checkpoint import checkpoint_bytes
 from ._plan import _signature, _tensors, _timed
+from ._selective import context_fn, probing, selective_cost
+
+KEEP, FULL, SELECTIVE = 0, 1, 2  # a block's choice: kept, checkpointed, checkpointed selectively
 
 _log = logging.getLogger("prefire")
 
@@ -92,13 +106,13 @@ def alive(actions: List[Action], stage: int) -> Tuple[List[int], List[int]]:
 @dataclass
 class _Measured:
     """What the forwards of one stage and signature measured, per block:
-    (kept bytes, input bytes, seconds) of each micro-batch; and what a block
-    still held after its micro-batch's W, kept and checkpointed (None: not
+    (kept bytes, input bytes, seconds, selective bytes (-1: none),
+    selective seconds) of each micro-batch; and what a block still held
+    after its micro-batch's W, per choice (KEEP, FULL, SELECTIVE; None: not
     seen yet)."""
 
-    blocks: List[List[Tuple[int, int, float]]] = field(default_factory=list)
-    kept_after: List[Optional[int]] = field(default_factory=list)
-    checkpointed_after: List[Optional[int]] = field(default_factory=list)
+    blocks: List[List[Tuple[int, int, float, int, float]]] = field(default_factory=list)
+    after: List[List[Optional[int]]] = field(default_factory=list)  # per choice, per block
 
 
 @dataclass
@@ -108,7 +122,8 @@ class RankPlan:
     key: Key
     costs: List[_C.BlockCost]
     plan: _C.Plan
-    checkpointed: Dict[int, List[bool]]
+    checkpointed: Dict[int, List[bool]]  # selectively or not
+    selective: Dict[int, List[bool]]
     blocks_bytes: int    # what the blocks hold, the plan's recomputation left out
     session_bytes: int   # the rest of the budget: the rank's sessions'
 
@@ -118,34 +133,50 @@ class _StageForward:
 
     def __init__(self, planner: "RankPlanner", stage: int) -> None:
         self.planner, self.stage = planner, stage
-        self.choices: Optional[List[bool]] = None  # None: measuring
+        self.choices: Optional[List[int]] = None  # per call: KEEP, FULL or SELECTIVE; None: measuring
         self.signature: Optional[Signature] = None
-        self.records: List[Tuple[int, float]] = []  # measuring: (input bytes, seconds) per call
-        self.meters: List[Tuple[bool, SavedTensorMeter]] = []  # per call: checkpointed, and its meter
+        # measuring, per call: (input bytes, seconds, selective bytes (-1: none), selective seconds)
+        self.records: List[Tuple[int, float, int, float]] = []
+        self.meters: List[Tuple[int, SavedTensorMeter]] = []  # per call: its choice, and its meter
         self.calls = 0
 
-    def _metered(self, checkpointed: bool, run: Callable[[], Any]) -> Any:
+    def _metered(self, choice: int, run: Callable[[], Any]) -> Any:
         meter = SavedTensorMeter()
-        self.meters.append((checkpointed, meter))
+        self.meters.append((choice, meter))
         with meter:
             return run()
 
-    def run(self, checkpointed: Callable[[], Any], plain: Callable[[], Any], args: Tuple[Any, ...],
+    def run(self, checkpointed: Callable[[], Any], plain: Callable[[], Any],
+            selective: Optional[Callable[[Callable[[], Any]], Any]], args: Tuple[Any, ...],
             kwargs: Dict[str, Any]) -> Any:
         if self.calls == 0:
             self.signature = _signature(_tensors(args, kwargs))
             self.choices = self.planner._choices(self.stage, self.signature)
         index, self.calls = self.calls, self.calls + 1
         if self.choices is None:
-            tensors = _tensors(args, kwargs)
-            out, seconds = _timed(lambda: self._metered(True, checkpointed), any(t.is_cuda for t in tensors))
-            self.records.append((checkpoint_bytes(tensors), seconds))
-            return out
+            return self._measure(checkpointed, selective is not None, _tensors(args, kwargs))
         if index >= len(self.choices):
             raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s forward made more checkpoint calls than the "
                                f"{len(self.choices)} its plan was measured with; memory_budget plans each call of a "
                                f"forward in order, and the forwards of one input signature must make the same calls")
-        return self._metered(self.choices[index], checkpointed if self.choices[index] else plain)
+        choice = self.choices[index]
+        if choice == SELECTIVE:
+            if selective is None:
+                raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s checkpoint call {index} has a "
+                                   f"context_fn of its own where its plan, measured without one, checkpoints it "
+                                   f"selectively; the forwards of one input signature must make the same calls")
+            return self._metered(choice, lambda: selective(self.planner.selective_context))
+        return self._metered(choice, checkpointed if choice == FULL else plain)
+
+    def _measure(self, checkpointed: Callable[[], Any], selectable: bool, tensors: List[Any]) -> Any:
+        """A measuring call: the checkpoint, timed, and where a selective
+        one is planned for, what that would hold and recompute (Note
+        [Measuring a selective checkpoint] in _selective.py)."""
+        with probing(self.planner.selective_policy if selectable else None) as probe:
+            out, seconds = _timed(lambda: self._metered(FULL, checkpointed), any(t.is_cuda for t in tensors))
+        inputs = checkpoint_bytes(tensors)
+        self.records.append((inputs, seconds, *selective_cost(probe, inputs, seconds)))
+        return out
 
 
 class RankPlanner:
@@ -154,10 +185,13 @@ class RankPlanner:
     memory plan])."""
 
     def __init__(self, memory_budget: int, budget: RankBudget, stages: List[int], micro_batches: int,
-                 last_stage: Optional[int] = None) -> None:
+                 last_stage: Optional[int] = None, selective_policy: Optional[Callable[..., Any]] = None) -> None:
         """``memory_budget``: checked by the caller; ``last_stage``: the
-        pipeline's last stage, if on this rank."""
+        pipeline's last stage, if on this rank; ``selective_policy``: a SAC
+        policy function, a third choice per block (None: keep or checkpoint)."""
         self.last_stage = last_stage
+        self.selective_policy = selective_policy
+        self.selective_context = context_fn(selective_policy) if selective_policy is not None else None
         self.memory_budget = memory_budget
         self.budget = budget
         self.stages = sorted(stages)
@@ -191,16 +225,16 @@ class RankPlanner:
     def forward(self, stage: int) -> _StageForward:
         return _StageForward(self, stage)
 
-    def _choices(self, stage: int, signature: Signature) -> Optional[List[bool]]:
+    def _choices(self, stage: int, signature: Signature) -> Optional[List[int]]:
         self._latest[stage] = signature
         current = self._current
         if current is not None and (stage, signature) in current.key:
-            return current.checkpointed[stage]
+            return _choices_of(current, stage)
         for plan in self._plans.values():  # a signature planned before
             if (stage, signature) in plan.key:
                 self._current = plan
                 self._use(plan)
-                return plan.checkpointed[stage]
+                return _choices_of(plan, stage)
         if not self._measuring:
             self._measuring = True
             self.measuring_steps += 1
@@ -225,13 +259,13 @@ class RankPlanner:
         measured = self._measured.setdefault((forward.stage, forward.signature), _Measured())
         if not measured.blocks:
             measured.blocks = [[] for _ in handles]
-            measured.kept_after = [None] * len(handles)
-            measured.checkpointed_after = [None] * len(handles)
+            measured.after = [[None] * len(handles) for _ in (KEEP, FULL, SELECTIVE)]
         if len(measured.blocks) != len(handles):
             raise RuntimeError(f"prefire.pipelining: stage {forward.stage}'s forwards of one signature made "
                                f"{len(measured.blocks)} and {len(handles)} checkpoint calls")
-        for block, handle, (inputs, seconds) in zip(measured.blocks, handles, forward.records):
-            block.append((_C.kept_bytes(handle), inputs, seconds))
+        for block, handle, (inputs, seconds, selective, selective_seconds) in zip(measured.blocks, handles,
+                                                                                   forward.records):
+            block.append((_C.kept_bytes(handle), inputs, seconds, selective, selective_seconds))
 
     def released(self, stage: int, micro_batch: int) -> None:
         """The W (or full backward) of ``micro_batch`` on ``stage`` ran: what
@@ -241,13 +275,13 @@ class RankPlanner:
         if measured is None or len(forward.meters) != len(measured.blocks):
             return
         counted = self._counted_after(stage, forward.signature)
-        for index, (checkpointed, meter) in enumerate(forward.meters):
-            after = measured.checkpointed_after if checkpointed else measured.kept_after
+        for index, (choice, meter) in enumerate(forward.meters):
+            after = measured.after[choice]
             held = meter.current_bytes
             if after[index] is None or held > after[index]:
                 self._learnt = True
                 after[index] = held
-            if counted is not None and not checkpointed and held > counted[index]:
+            if counted is not None and choice == KEEP and held > counted[index]:
                 warnings.warn(f"prefire.pipelining: block {index} of stage {stage} held {held} bytes after its W, "
                               f"more than the {counted[index]} its plan counted from the stage's other blocks; the "
                               f"rank may have gone over memory_budget={self.memory_budget} this step, and plans "
@@ -280,16 +314,21 @@ class RankPlanner:
             moments, done = alive(self._actions, stage)  # empty without an order of actions: every micro-batch
             flight = max(moments, default=self.micro_batches) or 1
             measured = self._measured[(stage, signature)]
-            saved = [max(r[0] for r in runs) for runs in measured.blocks]
-            inputs = [max(r[1] for r in runs) for runs in measured.blocks]
+            # per choice, per block: what it holds (selective: -1 where a block has none)
+            wholes = [[max(r[0] for r in runs) for runs in measured.blocks],
+                      [max(r[1] for r in runs) for runs in measured.blocks],
+                      [-1 if min(r[3] for r in runs) < 0 else max(r[3] for r in runs) for runs in measured.blocks]]
             last = stage == self.last_stage
-            kept_share = _share(measured.kept_after, saved)
-            checkpointed_share = _share(measured.checkpointed_after, inputs)
+            shares = [_share(after, whole) for after, whole in zip(measured.after, wholes)]
             for index, runs in enumerate(measured.blocks):
+                saved, inputs, selective = (whole[index] for whole in wholes)
+                kept_after, input_after, selective_after = (
+                    _after(after[index], max(0, whole[index]), last, share)
+                    for after, whole, share in zip(measured.after, wholes, shares))
                 costs.append(_C.BlockCost(
-                    saved[index], inputs[index], statistics.median(r[2] for r in runs), flight, stage, moments, done,
-                    _after(measured.kept_after[index], saved[index], last, kept_share),
-                    _after(measured.checkpointed_after[index], inputs[index], last, checkpointed_share)))
+                    saved, inputs, statistics.median(r[2] for r in runs), flight, stage, moments, done, kept_after,
+                    input_after, selective, statistics.median(r[4] for r in runs) if selective >= 0 else 0.0,
+                    selective_after if selective >= 0 else 0))
         try:
             plan = _C.plan_for_budget(costs, self.memory_budget, _C.Release.AT_STEP_END)
         except ValueError:
@@ -298,14 +337,16 @@ class RankPlanner:
                              f"plan of this rank's blocks holds: {least} bytes for inputs {list(key)} (their inputs "
                              f"and saved tensors, {len(costs)} blocks, as the measuring step found them)") from None
         checkpointed: Dict[int, List[bool]] = {}
+        selective: Dict[int, List[bool]] = {}
         at = 0
         for stage, signature in key:
             n = len(self._measured[(stage, signature)].blocks)
             checkpointed[stage] = list(plan.checkpointed[at:at + n])
+            selective[stage] = list(plan.selective[at:at + n])
             at += n
         one_pass = max(_passes(costs, plan.checkpointed).values(), default=0)
-        blocks = _C.plan_bytes(costs, plan.checkpointed, 0, _C.Release.AT_STEP_END) - one_pass
-        chosen = RankPlan(key, costs, plan, checkpointed, blocks, self.memory_budget - blocks)
+        blocks = _C.plan_bytes(costs, plan.checkpointed, 0, _C.Release.AT_STEP_END, plan.selective) - one_pass
+        chosen = RankPlan(key, costs, plan, checkpointed, selective, blocks, self.memory_budget - blocks)
         self._plans[key] = chosen
         self._use(chosen)
         _log.info("%s", describe(chosen, self.memory_budget))
@@ -314,6 +355,10 @@ class RankPlanner:
     def _use(self, plan: RankPlan) -> None:
         self.budget.expect(_passes(plan.costs, plan.plan.checkpointed))
         self.budget.set(plan.session_bytes)
+
+
+def _choices_of(plan: RankPlan, stage: int) -> List[int]:
+    return [SELECTIVE if s else FULL if c else KEEP for c, s in zip(plan.checkpointed[stage], plan.selective[stage])]
 
 
 def _after(measured: Optional[int], whole: int, last: bool, share: Optional[float]) -> int:
@@ -328,13 +373,14 @@ def _after(measured: Optional[int], whole: int, last: bool, share: Optional[floa
     return whole if share is None else min(whole, math.ceil(share * whole))
 
 
-def _share(after: List[Optional[int]], wholes: List[int]) -> Optional[float]:
+def _share(after: List[Optional[int]], wholes: List[int]) -> Optional[float]:  # wholes of -1: none
     seen = [a / w for a, w in zip(after, wholes) if a is not None and w > 0]
     return max(seen, default=None)
 
 
 def _passes(costs: List[_C.BlockCost], checkpointed: List[bool]) -> Dict[int, int]:
-    """Per stage, what one pass recomputes of a micro-batch: its checkpointed blocks' saved bytes."""
+    """Per stage, what one pass recomputes of a micro-batch: its checkpointed blocks' saved bytes (a
+    selective one's too, Note [Selective checkpoints in a plan] in src/memory/plan.cpp)."""
     passes: Dict[int, int] = {}
     for cost, c in zip(costs, checkpointed):
         passes[cost.group] = passes.get(cost.group, 0) + (cost.saved_bytes if c else 0)
@@ -342,8 +388,12 @@ def _passes(costs: List[_C.BlockCost], checkpointed: List[bool]) -> Dict[int, in
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:
-    stages = "; ".join(f"stage {s}: checkpoints {[i for i, c in enumerate(ck) if c]} of {len(ck)} blocks"
-                       for s, ck in plan.checkpointed.items())
+    def stage(s: int, ck: List[bool]) -> str:
+        sel = [i for i, c in enumerate(plan.selective[s]) if c]
+        return (f"stage {s}: checkpoints {[i for i, c in enumerate(ck) if c]} of {len(ck)} blocks"
+                + (f" ({sel} selectively)" if sel else ""))
+
+    stages = "; ".join(stage(s, ck) for s, ck in plan.checkpointed.items())
     return (f"prefire.pipelining: memory budget {memory_budget} bytes: {stages}; the blocks hold at most "
             f"{plan.blocks_bytes} bytes, one pass's recomputation and prefires {plan.plan.peak_bytes - plan.blocks_bytes}, the "
             f"sessions may hold {plan.session_bytes}; recomputes {plan.plan.recompute_seconds * 1e3:.3f} ms per "

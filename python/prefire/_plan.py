@@ -23,6 +23,12 @@ is logged, and every later step of that signature runs it; a new signature
 measures again, so a shape change re-plans and alternating shapes each keep
 their plan.
 
+With ``selective=`` a block has a third choice, a selective checkpoint
+(Note [Selective checkpoints in a plan] in src/memory/plan.cpp), whose
+bytes and recomputation time the measuring forward finds under a probe
+(Note [Measuring a selective checkpoint] in _selective.py); a block chosen
+so runs prefire.checkpoint with the policy's context_fn.
+
 A budget below what the least plan holds raises at the end of the measuring
 forward, naming that minimum. What the measuring step itself held is
 checked against the budget too (a warning when above it: only a budget
@@ -49,6 +55,7 @@ from torch.utils import _pytree as pytree
 
 from . import _C, _schedule
 from ._checkpoint import checkpoint, checkpoint_bytes
+from ._selective import Policy, context_fn, policy, probing, selective_cost
 
 BlockCost = _C.BlockCost
 Plan = _C.Plan
@@ -73,9 +80,10 @@ def least_plan_bytes(blocks: Sequence[BlockCost], release: Release = Release.AT_
 
 
 def plan_bytes(blocks: Sequence[BlockCost], checkpointed: Sequence[bool], prefire_ahead: int = 0,
-               release: Release = Release.AT_STEP_END) -> int:
-    """What the plan ``checkpointed`` holds at most."""
-    return _C.plan_bytes(list(blocks), list(checkpointed), prefire_ahead, release)
+               release: Release = Release.AT_STEP_END, selective: Sequence[bool] = ()) -> int:
+    """What the plan ``checkpointed`` holds at most; ``selective``: per
+    block, whether its checkpoint is the selective one (empty: none is)."""
+    return _C.plan_bytes(list(blocks), list(checkpointed), prefire_ahead, release, list(selective))
 
 
 def _tensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
@@ -111,13 +119,20 @@ class MemoryPlanner:
     activations within ``memory_budget`` bytes (Note [Planning a plain
     model's blocks]). Made by :func:`plan_checkpoints`."""
 
-    def __init__(self, blocks: int, memory_budget: int, checkpoint_kwargs: Dict[str, Any]) -> None:
+    def __init__(self, blocks: int, memory_budget: int, checkpoint_kwargs: Dict[str, Any],
+                 selective: Policy = None) -> None:
         if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 0:
             raise ValueError(f"prefire.plan_checkpoints: memory_budget must be a number of bytes >= 0, "
                              f"got {memory_budget!r}")
         self.memory_budget = memory_budget
         self.blocks = blocks
         self._checkpoint_kwargs = checkpoint_kwargs
+        self._selective = policy(selective)  # a third choice per block (Note [Selective checkpoints in a plan])
+        if self._selective is not None and checkpoint_kwargs.get("context_fn") is not None:
+            raise ValueError("prefire.plan_checkpoints: selective= and a context_fn exclude each other (the "
+                             "selective checkpoint is a context_fn); pass one of them")
+        self._selective_kwargs = (dict(checkpoint_kwargs, context_fn=context_fn(self._selective))
+                                  if self._selective is not None else None)
         self._plans: Dict[Tuple[Any, ...], Plan] = {}
         self._costs: Dict[Tuple[Any, ...], List[BlockCost]] = {}
         self._step: Optional[Plan] = None  # the plan this step runs; None while measuring
@@ -140,9 +155,11 @@ class MemoryPlanner:
         if plan is None or costs is None:
             return "prefire: no plan yet (the first step with gradients measures)"
         chosen = [i for i, c in enumerate(plan.checkpointed) if c]
+        selective = [i for i, s in enumerate(plan.selective) if s]
         kept = sum(c.saved_bytes for c, ck in zip(costs, plan.checkpointed) if not ck)
         return (f"prefire: memory budget {self.memory_budget} bytes for inputs {self._signature}: "
-                f"checkpointing {len(chosen)} of {self.blocks} blocks {chosen}, keeping {kept} bytes of activations; "
+                f"checkpointing {len(chosen)} of {self.blocks} blocks {chosen}"
+                + (f" ({selective} selectively)" if selective else "") + f", keeping {kept} bytes of activations; "
                 f"holds at most {plan.peak_bytes} bytes, recomputes {plan.recompute_seconds * 1e3:.3f} ms per step "
                 f"(least any plan holds: {least_plan_bytes(costs, _ONE_PASS)} bytes)")
 
@@ -160,6 +177,8 @@ class MemoryPlanner:
             if self._step is None:
                 raise RuntimeError(f"prefire.plan_checkpoints: block {index} ran before block 0 of its step; the "
                                    f"planned blocks must run in order, block 0 first")
+            if self._step.selective[index]:
+                return checkpoint(module, *args, **self._selective_kwargs, **kwargs)
             if self._step.checkpointed[index]:
                 return checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs)
             return module(*args, **kwargs)
@@ -181,13 +200,16 @@ class MemoryPlanner:
         if _schedule._collecting():
             raise RuntimeError("prefire.plan_checkpoints: a planned block measured inside prefire.collect(); plan "
                                "outside it (a pipeline plans with enable(schedule, memory_budget=...))")
-        with _schedule.collect() as handles:
+        with _schedule.collect() as handles, probing(self._selective) as probe:
             out, seconds = _timed(lambda: checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs),
                                   measuring.synchronize)
         if len(handles) != 1:
             raise RuntimeError(f"prefire.plan_checkpoints: block {index} made {len(handles)} outermost checkpoints "
                                f"where its checkpoint should be the one (is it inside another checkpoint?)")
-        measuring.costs[index] = BlockCost(_C.kept_bytes(handles[0]), checkpoint_bytes(tensors), seconds)
+        inputs = checkpoint_bytes(tensors)
+        selective_bytes, selective_seconds = selective_cost(probe, inputs, seconds)
+        measuring.costs[index] = BlockCost(_C.kept_bytes(handles[0]), inputs, seconds,
+                                           selective_bytes=selective_bytes, selective_seconds=selective_seconds)
         if index == self.blocks - 1:
             self._choose(measuring)
         return out
@@ -226,7 +248,8 @@ class PlannedBlock(torch_wrapper.CheckpointWrapper):
         self.index = index
 
 
-def plan_checkpoints(blocks: torch.nn.Module, memory_budget: int, **checkpoint_kwargs: Any) -> MemoryPlanner:
+def plan_checkpoints(blocks: torch.nn.Module, memory_budget: int, selective: Policy = None,
+                     **checkpoint_kwargs: Any) -> MemoryPlanner:
     """Plans activation checkpointing for the blocks of ``blocks`` (an
     ``nn.ModuleList`` or ``nn.Sequential`` the model runs in order, such as a
     transformer's layers) within ``memory_budget`` bytes of activations per
@@ -234,7 +257,11 @@ def plan_checkpoints(blocks: torch.nn.Module, memory_budget: int, **checkpoint_k
     first step of each input shape measures the blocks (all checkpointed)
     and chooses which keep their activations so that the step recomputes as
     little as the budget allows. ``checkpoint_kwargs`` go to every
-    :func:`prefire.checkpoint` call. Returns the planner: ``plan``,
+    :func:`prefire.checkpoint` call. ``selective``: a third choice per
+    block, a selective checkpoint (``True``: matmul and attention outputs
+    kept; a list of OpOverloads; a SAC policy function; not with a
+    ``context_fn`` in ``checkpoint_kwargs``), as for
+    ``prefire.pipelining.enable``. Returns the planner: ``plan``,
     ``costs`` and ``describe()`` say what it chose.
 
     Raises ValueError for a negative budget, an empty list or blocks that
@@ -249,7 +276,7 @@ def plan_checkpoints(blocks: torch.nn.Module, memory_budget: int, **checkpoint_k
         if isinstance(block, torch_wrapper.ActivationWrapper):
             raise ValueError(f"prefire.plan_checkpoints: block {i} is already wrapped ({type(block).__name__}); "
                              f"the planner decides which blocks to checkpoint: pass the bare blocks")
-    planner = MemoryPlanner(len(blocks), memory_budget, checkpoint_kwargs)
+    planner = MemoryPlanner(len(blocks), memory_budget, checkpoint_kwargs, selective)
     for i in range(len(blocks)):
         blocks[i] = PlannedBlock(blocks[i], planner, i)
     return planner

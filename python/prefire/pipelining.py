@@ -95,6 +95,7 @@ from ._budget import RankBudget
 from ._checkpoint import planned_calls
 from ._order import rank_actions
 from ._pipeline_plan import RankPlan, RankPlanner, check_memory_budget, describe
+from ._selective import policy
 from ._schedule import collect, session
 
 __all__ = ["PipelineStats", "Pipelining", "enable", "on_receive_wait"]
@@ -443,8 +444,12 @@ class Pipelining:
     """The prefire sessions of one schedule (made by :func:`enable`)."""
 
     def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int = 3,
-                 memory_budget: Optional[int] = None) -> None:
+                 memory_budget: Optional[int] = None, selective: Any = None) -> None:
         _check_budget(budget_bytes)
+        selective_policy = policy(selective)
+        if selective_policy is not None and memory_budget is None:
+            raise ValueError("prefire.pipelining: selective= is a choice of memory_budget's plan; pass "
+                             "memory_budget=N with it")
         if memory_budget is not None:
             check_memory_budget(memory_budget)
             if budget_bytes is not None:
@@ -464,7 +469,7 @@ class Pipelining:
         if memory_budget is not None:
             self.planner = RankPlanner(memory_budget, self.budget, [s.stage_index for s in stages],
                                        getattr(schedule, "_n_microbatches", 1),
-                                       next((s.stage_index for s in stages if s.is_last), None))
+                                       next((s.stage_index for s in stages if s.is_last), None), selective_policy)
         self._tables = tables
         self._training_steps = 0   # steps begun with a backward (Note [Hook points fail loudly])
         self._checked = False
@@ -610,7 +615,7 @@ class Pipelining:
 
 
 def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None,
-           bubble_warmup_steps: int = 3, memory_budget: Optional[int] = None) -> Pipelining:
+           bubble_warmup_steps: int = 3, memory_budget: Optional[int] = None, selective: Any = None) -> Pipelining:
     """Gives each micro-batch's checkpoints a session shared by its backward
     passes, for every stage of ``schedule`` on this rank (see the module
     docstring). Call once, after building the schedule and before ``step``.
@@ -636,6 +641,15 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
             Raises ValueError at the end of the measuring step for a budget
             below the least any plan holds, naming it. Excludes
             ``budget_bytes``.
+        selective: with ``memory_budget``, a third choice per block: a
+            selective checkpoint (torch's SAC) that keeps the outputs of the
+            ops a policy names and recomputes the rest. ``True``: matrix
+            products and attention (``prefire.MATMUL_AND_ATTENTION``); a
+            list of OpOverloads; or a SAC policy function (ctx, op, *args,
+            **kwargs) -> CheckpointPolicy. The measuring step finds what
+            each block's would hold and recompute (Note [Measuring a
+            selective checkpoint] in ``_selective.py``); calls that pass a
+            context_fn of their own keep it and get no third choice.
         bubble_warmup_steps: training steps (``schedule.eval()`` steps do
             not count) before bubble prefires begin: the first warms up, the
             others measure each wait's length (Note [Filling bubbles]). At
@@ -651,4 +665,4 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
         A :class:`Pipelining`: ``stats()``, ``set_budget_bytes()``,
         ``disable()``.
     """
-    return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps, memory_budget)
+    return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps, memory_budget, selective)

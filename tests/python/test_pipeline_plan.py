@@ -56,13 +56,13 @@ class Run:
     returns the gradients and the most the step held (the census: blocks'
     saved tensors and inputs, recomputations)."""
 
-    def __init__(self, modules, loss, batch, memory_budget=None) -> None:
+    def __init__(self, modules, loss, batch, memory_budget=None, selective=None) -> None:
         self.modules = modules
         self.stages = [pp.PipelineStage(m, i, 2, torch.device("cpu")) for i, m in enumerate(modules)]
         self.schedule = pp.ScheduleZBVZeroBubble(self.stages, 2, loss_fn=loss)
         self.batch = batch
-        self.sessions = pipelining.enable(self.schedule, memory_budget=memory_budget) if memory_budget is not None \
-            else None
+        self.sessions = (pipelining.enable(self.schedule, memory_budget=memory_budget, selective=selective)
+                         if memory_budget is not None else None)
 
     def step(self, batch=None):
         inputs, targets = batch or self.batch
@@ -81,9 +81,9 @@ class Run:
             self.sessions.disable()
 
 
-def bounds(modules, loss, batch):
+def bounds(modules, loss, batch, selective=None):
     """The least plan and what keeping every block holds, from a measuring step."""
-    run = Run(modules, loss, batch, memory_budget=1 << 40)
+    run = Run(modules, loss, batch, memory_budget=1 << 40, selective=selective)
     run.step()
     costs = run.sessions.plan.costs
     run.close()
@@ -91,25 +91,28 @@ def bounds(modules, loss, batch):
             prefire.plan_bytes(costs, [False] * len(costs)))
 
 
-def sweep(make, steps=3):
+def sweep(make, steps=3, selective=None, at=(0.0, 0.25, 0.5, 0.75, 1.0)):
     """Every budget from the least plan to keeping everything: the budget
-    holds at every step and the gradients equal the unchecked run's."""
+    holds at every step and the gradients equal the unchecked run's. The
+    plans: per stage, its blocks' choices (k: kept, c: checkpointed, s:
+    selectively)."""
     modules, loss, batch, _ = make(None)
     expected, _ = Run([unchecked(m) for m in modules], loss, batch).step()
-    least, most = bounds(*make(None)[:3])
+    least, most = bounds(*make(None)[:3], selective=selective)
     assert least < most
     plans = set()
-    for at in (0.0, 0.25, 0.5, 0.75, 1.0):
-        budget = least + int(at * (most - least))
-        run = Run(*make(budget)[:3], memory_budget=budget)
+    for share in at:
+        budget = least + int(share * (most - least))
+        run = Run(*make(budget)[:3], memory_budget=budget, selective=selective)
         for step in range(steps):
             grads, held = run.step()
-            assert held <= budget, (at, step, held, budget)
+            assert held <= budget, (share, step, held, budget)
             assert grads.keys() == expected.keys()
-            assert all(torch.equal(grads[n], expected[n]) for n in expected), (at, step)
+            assert all(torch.equal(grads[n], expected[n]) for n in expected), (share, step)
         plan = run.sessions.plan
         assert plan.plan.peak_bytes <= budget
-        plans.add(tuple(tuple(c) for c in plan.checkpointed.values()))
+        plans.add(tuple("".join("s" if s else "c" if c else "k" for c, s in zip(ck, plan.selective[stage]))
+                        for stage, ck in plan.checkpointed.items()))
         run.close()
     return plans
 
@@ -123,7 +126,7 @@ def unchecked(module):
 def test_every_budget_holds_and_gradients_stay_exact_under_every_plan(one_rank):
     plans = sweep(lambda budget: planned_gpt(budget))
     assert len(plans) >= 3  # the sweep runs several plans, not one
-    assert ((True, True), (True, True)) in plans and ((False, False), (False, False)) in plans
+    assert ("cc", "cc") in plans and ("kk", "kk") in plans
 
 
 def selective_gpt(memory_budget, cfg=TINY):
@@ -157,6 +160,46 @@ def test_selective_checkpoints_are_planned_with_their_cache_and_recompute_again_
     for plain, selective in zip(*runs):
         assert selective.saved_bytes == plain.saved_bytes  # kept, a block runs unchecked either way
         assert selective.input_bytes > plain.input_bytes   # checkpointed, it holds SAC's cache too
+
+
+def test_a_selective_checkpoint_is_a_third_choice_that_holds_every_budget_with_exact_gradients(one_rank):
+    """enable(memory_budget=..., selective=True): the measuring step finds
+    what each block's selective checkpoint (matmul and attention outputs
+    kept) would hold and recompute, some budget's plan checkpoints blocks
+    selectively, and every plan holds its budget with the gradients of the
+    unchecked run (Note [Selective checkpoints in a plan])."""
+    plans = sweep(lambda budget: planned_gpt(budget), selective=True,
+                  at=(0.0, 0.2, 0.35, 0.5, 0.65, 0.8, 1.0))
+    assert any("s" in stage for plan in plans for stage in plan), plans
+    assert ("cc", "cc") in plans and ("kk", "kk") in plans
+    run = Run(*planned_gpt(None)[:3], memory_budget=1 << 40, selective=True)
+    run.step()
+    for cost in run.sessions.plan.costs:  # between its inputs and all it saves, and cheaper to recompute
+        assert cost.input_bytes < cost.selective_bytes < cost.saved_bytes
+        assert 0 < cost.selective_seconds < cost.recompute_seconds
+    run.close()
+
+
+def test_a_call_with_a_context_fn_of_its_own_gets_no_selective_choice(one_rank):
+    """A block that runs torch's SAC itself keeps it: the plan never swaps
+    what the user chose for its own policy."""
+    run = Run(*selective_gpt(None)[:3], memory_budget=1 << 40, selective=True)
+    run.step()
+    assert all(cost.selective_bytes == -1 for cost in run.sessions.plan.costs)
+    run.close()
+    sweep(selective_gpt, selective=True, at=(0.0, 0.5, 1.0))
+
+
+def test_selective_misuse_is_a_clear_error(one_rank):
+    modules, loss, batch, _ = planned_gpt(None)
+    stages = [pp.PipelineStage(m, i, 2, torch.device("cpu")) for i, m in enumerate(modules)]
+    schedule = pp.ScheduleZBVZeroBubble(stages, 2, loss_fn=loss)
+    with pytest.raises(ValueError, match="selective= is a choice of memory_budget's plan"):
+        pipelining.enable(schedule, selective=True)
+    with pytest.raises(ValueError, match="takes OpOverloads"):
+        pipelining.enable(schedule, memory_budget=1 << 30, selective=[torch.ops.aten.mm])
+    with pytest.raises(TypeError, match="selective= must be True"):
+        pipelining.enable(schedule, memory_budget=1 << 30, selective=3)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

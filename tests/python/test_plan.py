@@ -125,6 +125,43 @@ def test_selective_checkpoints_are_planned_with_what_their_cache_holds():
         assert recomputations == sum(planner.plan.checkpointed) > 0
 
 
+def test_a_selective_checkpoint_is_a_third_choice_and_every_budget_holds_with_exact_gradients():
+    """plan_checkpoints(..., selective=True): the measuring step finds each
+    block's selective checkpoint (matmul outputs kept, the rest recomputed)
+    between its inputs and all it saves, some budget checkpoints blocks
+    selectively, and the census stays within every plan with the gradients
+    of the unchecked blocks (dropout recomputed with forward's generator)."""
+    reference = blocks_of([16, 160, 48, 160, 96])
+    x = torch.randn(8, 24)
+    expected, none_bytes, _ = step(reference, x, 1)
+    probe = copy.deepcopy(reference)
+    planner = prefire.plan_checkpoints(probe, memory_budget=none_bytes, selective=True)
+    step(probe, x, 1)
+    for cost in planner.costs:
+        assert cost.input_bytes < cost.selective_bytes < cost.saved_bytes
+        assert 0 < cost.selective_seconds < cost.recompute_seconds
+    least = prefire.least_plan_bytes(planner.costs, ONE_PASS)
+    chosen = set()
+    for share in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+        budget = least + int(share * (none_bytes - least))
+        blocks = copy.deepcopy(reference)
+        planner = prefire.plan_checkpoints(blocks, memory_budget=budget, selective=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the measuring step may hold more than a tight budget
+            grads, _, _ = step(blocks, x, 1)
+        assert_bit_equal(grads, expected)
+        plan = planner.plan
+        for _ in range(2):
+            grads, held, recomputations = step(blocks, x, 1)
+            assert_bit_equal(grads, expected)
+            assert held <= plan.peak_bytes <= budget, (budget, planner.describe())
+            assert recomputations == sum(plan.checkpointed)
+        chosen.add("".join("s" if s else "c" if c else "k" for c, s in zip(plan.checkpointed, plan.selective)))
+    assert any("s" in plan for plan in chosen), chosen
+    with pytest.raises(ValueError, match="selective= and a context_fn exclude each other"):
+        prefire.plan_checkpoints(blocks_of([8]), memory_budget=10**9, selective=True, context_fn=lambda: None)
+
+
 def test_a_shape_change_measures_and_plans_again_and_each_shape_keeps_its_plan():
     reference = blocks_of([16, 160, 16, 160])
     small, large = torch.randn(4, 24), torch.randn(8, 24)

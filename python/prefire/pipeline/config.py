@@ -30,8 +30,10 @@ MODES = ("none", "torch", "session", "bubble", "budget")
 #: torch.utils.checkpoint on the blocks whose index is a multiple of n; plan:
 #: sessions under ``enable(schedule, memory_budget=...)``, one run per
 #: fraction in ``RunConfig.memory_budgets``; plan-bubble: the same with
-#: ``bubble=True`` (prefire in the bubbles within what the plan leaves)
-PLAN_MODES = ("plan", "plan-bubble")
+#: ``bubble=True`` (prefire in the bubbles within what the plan leaves);
+#: plan-selective: the same with ``selective=True`` (a block may also be
+#: checkpointed selectively: matmul and attention outputs kept)
+PLAN_MODES = ("plan", "plan-bubble", "plan-selective")
 SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4") + PLAN_MODES
 
 

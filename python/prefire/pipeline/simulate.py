@@ -622,32 +622,47 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
 # A memory sweep (python -m prefire.pipeline.sweep) runs prefire's plan at
 # several budgets and records what each rank's plan was chosen from (its
 # blocks' costs, Note [A pipeline rank's memory plan]). ``search`` tries
-# every keep/checkpoint choice of every block on every rank that fits each
+# every keep/checkpoint choice of every block on every rank (and the
+# selective checkpoint where the plan had one to choose) that fits each
 # rank's budget by the plan's own count (plan_bytes), replays each, and sets
 # the fastest beside prefire's choice replayed the same way. A stage with
 # some of its blocks checkpointed takes, per action kind, none mode's time
 # plus session mode's extra (its recomputation) in the share of the stage's
-# recomputation seconds those blocks hold; the rest of the replay is as in
+# recomputation seconds those blocks recompute (a selective one its
+# selective seconds); the rest of the replay is as in
 # Note [What the simulator replays]. Both sides of the ratio are replays:
 # it measures the planner's choice (least recomputation, bytes by its
 # count), not the replay's fidelity (``validate`` does that).
 
 
-def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[bool]]:
-    """A plan run's rank: its blocks' costs and prefire's choice, in the plan's order."""
+KEEP, FULL, SELECTIVE = 0, 1, 2  # a block's choice in a plan
+
+
+def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[int]]:
+    """A plan run's rank: its blocks' costs and prefire's choice (KEEP,
+    FULL or SELECTIVE per block), in the plan's order."""
     costs = [_C.BlockCost(*fields) for fields in rank["plan_costs"]]
-    chosen = [c for stage in sorted(rank["plan"], key=int) for c in rank["plan"][stage]]
+    selective = rank.get("plan_selective") or {}
+    chosen = [SELECTIVE if sel else FULL if c else KEEP for stage in sorted(rank["plan"], key=int)
+              for c, sel in zip(rank["plan"][stage], selective.get(stage, [False] * len(rank["plan"][stage])))]
     return costs, chosen
 
 
-def _with_plan(costs: Costs, blocks: Sequence[Any], checkpointed: Sequence[bool]) -> Costs:
+def _plan_bytes(blocks: Sequence[Any], options: Sequence[int]) -> int:
+    return _C.plan_bytes(list(blocks), [o != KEEP for o in options], 0, _C.Release.AT_STEP_END,
+                         [o == SELECTIVE for o in options])
+
+
+def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[int]) -> Costs:
     """``costs`` with a mode "plan": per stage, none's durations plus
-    session's extra in the share of the stage's recomputation checkpointed."""
+    session's extra in the share of the stage's recomputation the plan
+    recomputes."""
     total: Dict[int, float] = {}
     chosen: Dict[int, float] = {}
-    for cost, c in zip(blocks, checkpointed):
+    for cost, o in zip(blocks, options):
         total[cost.group] = total.get(cost.group, 0.0) + cost.recompute_seconds
-        chosen[cost.group] = chosen.get(cost.group, 0.0) + (cost.recompute_seconds if c else 0.0)
+        seconds = (0.0, cost.recompute_seconds, cost.selective_seconds)[o]
+        chosen[cost.group] = chosen.get(cost.group, 0.0) + seconds
     none, session = costs.action["none"], costs.action["session"]
     table = {}
     for key, base in none.items():
@@ -670,26 +685,27 @@ def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     n_stages = SCHEDULES[schedule][1] * world
     placement = _placement(schedule, world)
 
-    def step(blocks: Sequence[Any], checkpointed: Sequence[bool]) -> float:
-        return replay(orders, placement, n_stages, _with_plan(costs, blocks, checkpointed), "plan", groups).step_s
+    def step(blocks: Sequence[Any], options: Sequence[int]) -> float:
+        return replay(orders, placement, n_stages, _with_plan(costs, blocks, options), "plan", groups).step_s
 
     rows = []
     for name, mode in summary["modes"].items():
-        if not name.startswith("plan "):
+        if name.split(" ")[0] not in ("plan", "plan-selective"):  # plan-bubble's prefires are not replayed here
             continue
         plans = [_plan_of(r) for r in mode["ranks"]]
         budgets = [r["memory_budget"] for r in mode["ranks"]]
         fitting = []
         for (blocks, _), budget in zip(plans, budgets):
-            choices = [list(c) for c in itertools.product((False, True), repeat=len(blocks))]
-            fitting.append([c for c in choices if _C.plan_bytes(blocks, c, 0, _C.Release.AT_STEP_END) <= budget])
+            choices = itertools.product(*[(KEEP, FULL, SELECTIVE) if b.selective_bytes >= 0 else (KEEP, FULL)
+                                          for b in blocks])
+            fitting.append([list(c) for c in choices if _plan_bytes(blocks, c) <= budget])
         blocks = [b for rank_blocks, _ in plans for b in rank_blocks]
         best_s, best = float("inf"), None
         for combo in itertools.product(*fitting):
-            checkpointed = [c for rank in combo for c in rank]
-            s = step(blocks, checkpointed)
+            options = [o for rank in combo for o in rank]
+            s = step(blocks, options)
             if s < best_s:
-                best_s, best = s, checkpointed
+                best_s, best = s, options
         chosen = [c for _, rank_chosen in plans for c in rank_chosen]
         chosen_s = step(blocks, chosen)
         rows.append({"name": name, "budgets": budgets, "plans_tried": math.prod(len(f) for f in fitting),
@@ -722,11 +738,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     summaries = [_read(path) for path in a.runs]
     if a.command == "search":
         print(f"{'schedule':14} {'run':9} {'plans':>5} {'best ms':>8} {'prefire ms':>10} {'prefire/best':>12} "
-              f"{'measured ms':>11}  best plan (c: checkpointed, k: kept) / prefire's")
+              f"{'measured ms':>11}  best plan (k: kept, c: checkpointed, s: selectively) / prefire's")
         for summary in summaries:
             for row in search(summary):
                 def letters(plan):
-                    return "".join("c" if c else "k" for c in plan)
+                    return "".join("kcs"[o] for o in plan)
                 print(f"{summary['config']['schedule']:14} {row['name']:9} {row['plans_tried']:5d} "
                       f"{row['best_s'] * 1e3:8.1f} {row['chosen_s'] * 1e3:10.1f} {row['chosen_over_best']:12.3f} "
                       f"{row['measured_s'] * 1e3:11.1f}  {letters(row['best'])} / {letters(row['chosen'])}")

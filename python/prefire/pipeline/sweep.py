@@ -58,6 +58,7 @@ def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
             "name": name, "budgets": budgets, "held": _held(mode),
             "measuring_held": [r["measuring_held_bytes"] for r in mode["ranks"]],
             "step_s": mode["step_s"], "plan": [r["plan"] for r in mode["ranks"]],
+            "plan_selective": [r.get("plan_selective") or {} for r in mode["ranks"]],
             "within_budget": all(h <= b for h, b in zip(_held(mode), budgets)),
             "exact": mode["gradients"]["exact"],
             "fits": {t: m["step_s"] for t, m in fits.items()}, "fastest_fit": fastest,
@@ -75,13 +76,14 @@ def table(summary: Dict[str, Any]) -> str:
         if t in modes:
             held = ", ".join(f"{h / MiB:.2f}" for h in _held(modes[t]))
             lines.append(f"  {t:13s} {held:>16s}  {modes[t]['step_s'] * 1e3:8.1f} ms")
-    lines.append("prefire's plan: budget -> held MiB per rank (measuring step), step ms, checkpointed blocks per stage; "
-                 "torch's that fit; plan / fastest that fits; plan / none (its steps over none's of the same index: "
-                 "their median)")
+    lines.append("prefire's plan: budget -> held MiB per rank (measuring step), step ms, blocks per stage (k: kept, "
+                 "c: checkpointed, s: selectively); torch's that fit; plan / fastest that fits; plan / none (its steps "
+                 "over none's of the same index: their median)")
     for r in rows(summary):
         per_rank = "; ".join(f"{b / MiB:.2f} -> {h / MiB:.2f} ({m / MiB:.2f})"
                              for b, h, m in zip(r["budgets"], r["held"], r["measuring_held"]))
-        plan = " ".join(f"{s}:{''.join('c' if c else 'k' for c in ck)}" for p in r["plan"] for s, ck in p.items())
+        plan = " ".join(f"{s}:{_letters(ck, sel.get(s))}" for p, sel in zip(r["plan"], r["plan_selective"])
+                        for s, ck in p.items())
         fits = ", ".join(f"{t} {s * 1e3:.0f}" for t, s in r["fits"].items()) or "none fits"
         ratio = f"{r['plan_over_fastest']:.2f}" if r["plan_over_fastest"] is not None else "-"
         step_pairs = f" ({r['plan_over_none_paired']:.2f})" if r["plan_over_none_paired"] is not None else ""
@@ -89,6 +91,11 @@ def table(summary: Dict[str, Any]) -> str:
                      f"{r['plan_over_none']:.2f}{step_pairs}{'' if r['within_budget'] else '  OVER BUDGET'}"
                      f"{'' if r['exact'] else '  GRADIENTS DIFFER'}")
     return "\n".join(lines)
+
+
+def _letters(checkpointed: List[bool], selective: Optional[List[bool]]) -> str:
+    selective = selective or [False] * len(checkpointed)
+    return "".join("s" if s else "c" if c else "k" for c, s in zip(checkpointed, selective))
 
 
 def plot(summary: Dict[str, Any], path: str) -> None:
@@ -99,7 +106,8 @@ def plot(summary: Dict[str, Any], path: str) -> None:
 
     modes = summary["modes"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, label in (("plan", "prefire plan"), ("plan-bubble", "prefire plan, bubble=True")):
+    for mode, label in (("plan", "prefire plan"), ("plan-bubble", "prefire plan, bubble=True"),
+                        ("plan-selective", "prefire plan, selective=True")):
         plans = sorted((r for r in rows(summary) if r["name"].split(" ")[0] == mode), key=lambda r: max(r["held"]))
         if plans:
             ax.plot([max(r["held"]) / MiB for r in plans], [r["step_s"] * 1e3 for r in plans], "o-", label=label)
@@ -129,6 +137,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--bubble", action="store_true",
                    help="also each budget's plan with bubble=True (prefire in bubbles within what the plan leaves)")
+    p.add_argument("--selective", action="store_true",
+                   help="also each budget's plan with selective=True (a block may be checkpointed selectively)")
     p.add_argument("--tiny", action="store_true", help="a tiny model (the test's)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plot", metavar="PATH")
@@ -136,7 +146,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     model = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2) if a.tiny \
         else ModelConfig()
     fractions = tuple(float(f) for f in a.memory_budgets.split(",") if f)
-    modes = TORCH + ("session",) + (PLAN_MODES if a.bubble else ("plan",))
+    modes = TORCH + ("session", "plan") + (("plan-bubble",) if a.bubble else ()) + \
+        (("plan-selective",) if a.selective else ())
     config = RunConfig(model=model, schedule=a.schedule, modes=modes, steps=a.steps, warmup=a.warmup,
                        memory_budgets=fractions, meter_blocks=True, timeout_s=600.0)
     try:

@@ -139,7 +139,8 @@ class ModeRun:
         if mode in ("session", "bubble", "budget"):
             self.sessions = pipelining.enable(self.schedule, bubble=mode != "session")
         elif mode in PLAN_MODES:  # the first step measures; its budget is set from what it found (step())
-            self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62, bubble=mode == "plan-bubble")
+            self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62, bubble=mode == "plan-bubble",
+                                              selective=mode == "plan-selective")
         self.recorder = Recorder(rank)
         for stage in stages:
             self.recorder.wrap_stage(stage)
@@ -244,10 +245,13 @@ class ModeRun:
             "memory_budget": self.sessions.memory_budget if self.sessions is not None else None,
             "plan": ({str(s): c for s, c in self.sessions.plan.checkpointed.items()}
                      if self.sessions is not None and self.sessions.plan is not None else None),
+            "plan_selective": ({str(s): c for s, c in self.sessions.plan.selective.items()}
+                               if self.sessions is not None and self.sessions.plan is not None else None),
             "measuring_held_bytes": self.steps[0]["peak_held_bytes"],
             # what the plan was chosen from, in the plan's order (the simulator's search)
             "plan_costs": ([[c.saved_bytes, c.input_bytes, c.recompute_seconds, c.in_flight, c.group, list(c.alive),
-                             list(c.done), c.saved_after_bytes, c.input_after_bytes]
+                             list(c.done), c.saved_after_bytes, c.input_after_bytes, c.selective_bytes,
+                             c.selective_seconds, c.selective_after_bytes]
                             for c in self.sessions.plan.costs]
                            if self.sessions is not None and self.sessions.plan is not None else None),
             # one pass's recomputation: the least a budget can hold a rank to
