@@ -77,7 +77,7 @@ from ._meter import SavedTensorMeter
 from ._order import Action
 from ._checkpoint import checkpoint_bytes
 from ._plan import _signature, _tensors, _timed
-from ._selective import context_fn, probing, selective_cost
+from ._selective import context_fn, mode_costs, probing, selective_cost
 
 KEEP, FULL, SELECTIVE = 0, 1, 2  # a block's choice: kept, checkpointed, checkpointed selectively
 
@@ -175,7 +175,8 @@ class _StageForward:
         with probing(self.planner.selective_policy if selectable else None) as probe:
             out, seconds = _timed(lambda: self._metered(FULL, checkpointed), any(t.is_cuda for t in tensors))
         inputs = checkpoint_bytes(tensors)
-        self.records.append((inputs, seconds, *selective_cost(probe, inputs, seconds)))
+        selective, selective_seconds, seconds = selective_cost(probe, self.planner.mode_costs, inputs, seconds)
+        self.records.append((inputs, seconds, selective, selective_seconds))
         return out
 
 
@@ -192,6 +193,7 @@ class RankPlanner:
         self.last_stage = last_stage
         self.selective_policy = selective_policy
         self.selective_context = context_fn(selective_policy) if selective_policy is not None else None
+        self.mode_costs = mode_costs(selective_policy) if selective_policy is not None else None
         self.memory_budget = memory_budget
         self.budget = budget
         self.stages = sorted(stages)

@@ -55,7 +55,7 @@ from torch.utils import _pytree as pytree
 
 from . import _C, _schedule
 from ._checkpoint import checkpoint, checkpoint_bytes
-from ._selective import Policy, context_fn, policy, probing, selective_cost
+from ._selective import Policy, context_fn, mode_costs, policy, probing, selective_cost
 
 BlockCost = _C.BlockCost
 Plan = _C.Plan
@@ -133,6 +133,7 @@ class MemoryPlanner:
                              "selective checkpoint is a context_fn); pass one of them")
         self._selective_kwargs = (dict(checkpoint_kwargs, context_fn=context_fn(self._selective))
                                   if self._selective is not None else None)
+        self._mode_costs = mode_costs(self._selective) if self._selective is not None else None
         self._plans: Dict[Tuple[Any, ...], Plan] = {}
         self._costs: Dict[Tuple[Any, ...], List[BlockCost]] = {}
         self._step: Optional[Plan] = None  # the plan this step runs; None while measuring
@@ -207,7 +208,7 @@ class MemoryPlanner:
             raise RuntimeError(f"prefire.plan_checkpoints: block {index} made {len(handles)} outermost checkpoints "
                                f"where its checkpoint should be the one (is it inside another checkpoint?)")
         inputs = checkpoint_bytes(tensors)
-        selective_bytes, selective_seconds = selective_cost(probe, inputs, seconds)
+        selective_bytes, selective_seconds, seconds = selective_cost(probe, self._mode_costs, inputs, seconds)
         measuring.costs[index] = BlockCost(_C.kept_bytes(handles[0]), inputs, seconds,
                                            selective_bytes=selective_bytes, selective_seconds=selective_seconds)
         if index == self.blocks - 1:

@@ -14,16 +14,26 @@ asks the policy about every op as SAC's own caching mode does (the same
 context, the ops SAC ignores left out) and, for the ops it would keep,
 adds up their outputs' storages (each op's once; across ops they are
 summed, never merged: a freed output's address may come back, so merging
-could count less than SAC keeps) and the time every op and the kept ones
-took. The block's selective checkpoint then holds its inputs and those
-bytes (high where outputs share a storage: counted for each op), and
-recomputes in the share of its forward's time that the ops it does not
-keep took (the mode's own time, which the forward's includes, is left out
-of both sums, so the share is that of the ops, and the full and selective
-recomputations are both timed with it). On CUDA the ops' times are the
-host's (the measuring step synchronises only around the forward), so there
-the share is that of the launches, not the kernels: a plan there should be
-checked against its step time.
+could count less than SAC keeps), the time the kept ones took, and how
+many ops went through it. The block's selective checkpoint then holds its
+inputs and those bytes (high where outputs share a storage: counted for
+each op).
+
+Its time is where a dispatch mode in Python shows: SAC runs one over every
+op of the forward (caching) and of the recomputation (handing back), and
+on CPU that costs as much as the small ops it saves recomputing (GPT block,
+dim 256, 2x128 tokens, one thread: forward 5.4 ms kept, 7.1 ms selective;
+forward and backward 16.8 kept, 21.0 checkpointed, 20.7 selective). So a
+mode's cost per op is measured once per process (a one-element add with
+and without the probe, the least of five batches), the forward's time
+less the probe's share (ops x that cost) stands for a whole recomputation,
+and a selective checkpoint costs the forward's time less the kept ops'
+plus twice the mode's share (forward and recomputation): what choosing it
+adds to a step over keeping the block, as recompute_seconds is for a whole
+checkpoint. On CUDA the ops' times are the host's (the measuring step
+synchronises only around the forward), so there the kept ops' share is
+that of the launches, not the kernels: a plan there should be checked
+against its step time.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import contextlib
 import functools
 import inspect
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 import torch
@@ -92,29 +103,25 @@ _CONTEXT_TAKES_OUTPUT = "op_output" in inspect.signature(torch_checkpoint.Select
 
 class SelectiveProbe(TorchDispatchMode):
     """Around a block's forward: what its selective checkpoint by
-    ``policy_fn`` would keep, ``bytes``, and the share of the ops' time
-    that the others took, ``recomputed_share`` (Note [Measuring a selective
-    checkpoint])."""
+    ``policy_fn`` would keep, ``bytes``, the seconds the kept ops took,
+    ``kept_seconds``, and the ops it saw, ``ops`` (Note [Measuring a
+    selective checkpoint])."""
 
     def __init__(self, policy_fn: Callable[..., Any]) -> None:
         super().__init__()
         self.policy_fn = policy_fn
         self.bytes = 0
-        self.op_seconds = 0.0    # every op's
-        self.kept_seconds = 0.0  # the kept ops'
-
-    @property
-    def recomputed_share(self) -> float:
-        return 1.0 - self.kept_seconds / self.op_seconds if self.op_seconds > 0 else 1.0
+        self.kept_seconds = 0.0
+        self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.ops += 1
         if func in torch_checkpoint.SAC_IGNORED_OPS:
             return func(*args, **kwargs)
         begin = time.perf_counter()
         out = func(*args, **kwargs)
         took = time.perf_counter() - begin
-        self.op_seconds += took
         ctx = (torch_checkpoint.SelectiveCheckpointContext(is_recompute=False, op_output=out) if _CONTEXT_TAKES_OUTPUT
                else torch_checkpoint.SelectiveCheckpointContext(is_recompute=False))
         decision = self.policy_fn(ctx, func, *args, **kwargs)
@@ -136,9 +143,112 @@ def probing(policy_fn: Optional[Callable[..., Any]]) -> Iterator[Optional[Select
         yield probe
 
 
-def selective_cost(probe: Optional[SelectiveProbe], input_bytes: int, seconds: float) -> Tuple[int, float]:
-    """(selective bytes, selective seconds) of a block a probe measured
-    (its inputs' bytes, its forward's seconds); (-1, 0): none to choose."""
-    if probe is None:
-        return -1, 0.0
-    return input_bytes + probe.bytes, seconds * probe.recomputed_share
+@contextlib.contextmanager
+def probing(policy_fn: Optional[Callable[..., Any]]) -> Iterator[Optional[SelectiveProbe]]:
+    """A SelectiveProbe by ``policy_fn`` around the block's measuring
+    forward; None (nothing probed) without a policy."""
+    if policy_fn is None:
+        yield None
+        return
+    with SelectiveProbe(policy_fn) as probe:
+        yield probe
+
+
+_per_op: Dict[Any, float] = {}  # a mode's seconds per op, once measured: "probe" or a policy's
+
+
+def _mix() -> None:
+    """A transformer block's kinds of op on one-element-wide tensors
+    that require grad (norm, product, activation, attention, views, add)."""
+    x = torch.ones(1, 1, 2, 4, requires_grad=True)
+    w = torch.ones(4, 4, requires_grad=True)
+    h = torch.nn.functional.gelu(torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (4,)), w))
+    a = torch.nn.functional.scaled_dot_product_attention(h, h, h, is_causal=True)
+    a.transpose(1, 2).reshape(1, 2, 4) + h.view(1, 2, 4)
+
+
+def per_op_seconds(key: Any, mode: Callable[[], Any]) -> float:
+    """What the dispatch mode ``mode()`` makes adds to one op: the least of
+    five batches of ``_mix`` under it, less the least of five without,
+    over the ops a probe counts in it; measured once per ``key``."""
+    if key not in _per_op:
+        def batch(n: int = 50) -> float:
+            begin = time.perf_counter()
+            for _ in range(n):
+                _mix()
+            return (time.perf_counter() - begin) / n
+
+        counter = SelectiveProbe(lambda ctx, op, *args, **kwargs: False)
+        with counter:
+            _mix()
+        plain = min(batch() for _ in range(5))
+        timed = []
+        for _ in range(5):
+            with mode():
+                timed.append(batch())
+        _per_op[key] = max(0.0, min(timed) - plain) / max(1, counter.ops)
+    return _per_op[key]
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A transformer block's kinds of op on tiny tensors (norm, product,
+    activation, attention, views, residual add)."""
+    w = torch.ones(4, 4)
+    h = torch.nn.functional.gelu(torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (4,)), w))
+    a = torch.nn.functional.scaled_dot_product_attention(h, h, h, is_causal=True)
+    return a.transpose(1, 2).reshape(1, 2, 4) + h.view(1, 2, 4)
+
+
+@dataclass(frozen=True)
+class ModeCosts:
+    """Seconds a dispatch mode in Python adds per op (Note [Measuring a
+    selective checkpoint])."""
+
+    probe: float  # a SelectiveProbe's, in a forward
+    sac: float    # a selective checkpoint's over a whole one, per op and pass (forward, recomputation)
+
+
+def mode_costs(policy_fn: Callable[..., Any]) -> ModeCosts:
+    """Measures ModeCosts for ``policy_fn`` now, on ``_mix``: the least of
+    five batches each way. Outside any checkpoint, collect() or meter."""
+    from ._checkpoint import checkpoint
+
+    def forward_backward(context: Optional[Callable[[], Any]]) -> None:
+        x = torch.ones(1, 1, 2, 4, requires_grad=True)
+        checkpoint(_mix, x, context_fn=context).sum().backward()
+
+    def least(run: Callable[[], Any], n: int = 20) -> float:
+        times = []
+        for _ in range(5):
+            begin = time.perf_counter()
+            for _ in range(n):
+                run()
+            times.append((time.perf_counter() - begin) / n)
+        return min(times)
+
+    counter = SelectiveProbe(lambda ctx, op, *args, **kwargs: False)
+    with counter:
+        _mix(torch.ones(1, 1, 2, 4, requires_grad=True))
+    ops = max(1, counter.ops)
+
+    def probed() -> None:
+        with SelectiveProbe(policy_fn):
+            _mix(torch.ones(1, 1, 2, 4, requires_grad=True))
+
+    plain = least(lambda: _mix(torch.ones(1, 1, 2, 4, requires_grad=True)))
+    selective = context_fn(policy_fn)
+    return ModeCosts(probe=max(0.0, least(probed) - plain) / ops,
+                     sac=max(0.0, least(lambda: forward_backward(selective)) - least(lambda: forward_backward(None)))
+                     / (2 * ops))
+
+
+def selective_cost(probe: Optional[SelectiveProbe], costs: Optional[ModeCosts], input_bytes: int,
+                   seconds: float) -> Tuple[int, float, float]:
+    """(selective bytes, selective seconds, a whole recomputation's
+    seconds) of a block whose measuring forward took ``seconds`` under
+    ``probe`` (Note [Measuring a selective checkpoint]); without a probe,
+    (-1, 0, seconds): no selective checkpoint to choose."""
+    if probe is None or costs is None:
+        return -1, 0.0, seconds
+    whole = max(0.0, seconds - probe.ops * costs.probe)
+    return input_bytes + probe.bytes, max(0.0, whole - probe.kept_seconds) + 2 * probe.ops * costs.sac, whole
