@@ -312,10 +312,11 @@ def test_a_forward_that_changes_its_checkpoint_calls_is_refused(one_rank):
 def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(no_children_left):
     from prefire.pipeline import run
     from prefire.pipeline.config import RunConfig
+    from prefire.pipeline.simulate import search
     from prefire.pipeline.sweep import TORCH, rows, table
 
-    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=TORCH + ("plan",), memory_budgets=(0.0, 0.5, 2.0),
-                    meter_blocks=True, steps=2, warmup=2, timeout_s=120)
+    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=TORCH + ("session", "plan", "plan-selective"),
+                    memory_budgets=(0.0, 0.5, 2.0), meter_blocks=True, steps=2, warmup=2, timeout_s=120)
     summary = run(cfg, world=2)
     assert no_children_left()
     modes = summary["modes"]
@@ -326,7 +327,8 @@ def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(n
         held = {t: modes[t]["ranks"][rank]["peak_held_bytes"] for t in TORCH}
         assert held["none"] == max(held.values()) > held["torch"] == min(held.values())
     sweep = rows(summary)
-    assert [r["name"] for r in sweep] == ["plan 0%", "plan 50%", "plan 200%"]
+    assert [r["name"] for r in sweep] == ["plan 0%", "plan 50%", "plan 200%", "plan-selective 0%",
+                                          "plan-selective 50%", "plan-selective 200%"]
     every = summary["rounds"]["steps_s"]  # each measured step of each mode (one round), for the paired ratio
     assert set(every) == set(modes) and all(len(rounds) == 1 and len(rounds[0]) == 2 for rounds in every.values())
     for r in sweep:
@@ -334,10 +336,18 @@ def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(n
         pairs = [a / b for a, b in zip(every[r["name"]][0], every["none"][0])]
         assert r["plan_over_none_paired"] == pytest.approx(statistics.median(pairs))
         assert all(m <= b for m, b in zip(r["measuring_held"], r["budgets"])), r  # the measuring step too
-    least, _, most = sweep
-    assert all(all(c) for plan in least["plan"] for c in plan.values())          # the least checkpoints all
-    assert not any(any(c) for plan in most["plan"] for c in plan.values())       # twice none's keeps all
-    assert "torch-every2" in table(summary) and "plan 50%" in table(summary)
+    for least, _, most in (sweep[:3], sweep[3:]):
+        assert all(all(c) for plan in least["plan"] for c in plan.values())      # the least checkpoints all
+        assert not any(any(c) for plan in most["plan"] for c in plan.values())   # twice none's keeps all
+    assert "torch-every2" in table(summary) and "plan-selective 50%" in table(summary)
+    # the search tries the selective choice too where the plan had one: three per block, not two
+    searched = {row["name"]: row for row in search(summary)}
+    assert set(searched) == {r["name"] for r in sweep}
+    for name in ("plan 200%", "plan-selective 200%"):
+        assert searched[name]["chosen_over_best"] >= 1 - 1e-9
+    blocks = len(searched["plan 200%"]["chosen"]) // 2  # per rank
+    assert searched["plan 200%"]["plans_tried"] == (2 ** blocks) ** 2
+    assert searched["plan-selective 200%"]["plans_tried"] == (3 ** blocks) ** 2
 
 
 def test_bubble_prefires_under_a_memory_budget_keep_it_on_two_ranks_with_exact_gradients(no_children_left):
