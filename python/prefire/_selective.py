@@ -143,53 +143,6 @@ def probing(policy_fn: Optional[Callable[..., Any]]) -> Iterator[Optional[Select
         yield probe
 
 
-@contextlib.contextmanager
-def probing(policy_fn: Optional[Callable[..., Any]]) -> Iterator[Optional[SelectiveProbe]]:
-    """A SelectiveProbe by ``policy_fn`` around the block's measuring
-    forward; None (nothing probed) without a policy."""
-    if policy_fn is None:
-        yield None
-        return
-    with SelectiveProbe(policy_fn) as probe:
-        yield probe
-
-
-_per_op: Dict[Any, float] = {}  # a mode's seconds per op, once measured: "probe" or a policy's
-
-
-def _mix() -> None:
-    """A transformer block's kinds of op on one-element-wide tensors
-    that require grad (norm, product, activation, attention, views, add)."""
-    x = torch.ones(1, 1, 2, 4, requires_grad=True)
-    w = torch.ones(4, 4, requires_grad=True)
-    h = torch.nn.functional.gelu(torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (4,)), w))
-    a = torch.nn.functional.scaled_dot_product_attention(h, h, h, is_causal=True)
-    a.transpose(1, 2).reshape(1, 2, 4) + h.view(1, 2, 4)
-
-
-def per_op_seconds(key: Any, mode: Callable[[], Any]) -> float:
-    """What the dispatch mode ``mode()`` makes adds to one op: the least of
-    five batches of ``_mix`` under it, less the least of five without,
-    over the ops a probe counts in it; measured once per ``key``."""
-    if key not in _per_op:
-        def batch(n: int = 50) -> float:
-            begin = time.perf_counter()
-            for _ in range(n):
-                _mix()
-            return (time.perf_counter() - begin) / n
-
-        counter = SelectiveProbe(lambda ctx, op, *args, **kwargs: False)
-        with counter:
-            _mix()
-        plain = min(batch() for _ in range(5))
-        timed = []
-        for _ in range(5):
-            with mode():
-                timed.append(batch())
-        _per_op[key] = max(0.0, min(timed) - plain) / max(1, counter.ops)
-    return _per_op[key]
-
-
 def _mix(x: torch.Tensor) -> torch.Tensor:
     """A transformer block's kinds of op on tiny tensors (norm, product,
     activation, attention, views, residual add)."""
