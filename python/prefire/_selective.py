@@ -146,7 +146,7 @@ def probing(policy_fn: Optional[Callable[..., Any]]) -> Iterator[Optional[Select
 def _mix(x: torch.Tensor) -> torch.Tensor:
     """A transformer block's kinds of op on tiny tensors (norm, product,
     activation, attention, views, residual add)."""
-    w = torch.ones(4, 4)
+    w = torch.ones(4, 4, device=x.device)
     h = torch.nn.functional.gelu(torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (4,)), w))
     a = torch.nn.functional.scaled_dot_product_attention(h, h, h, is_causal=True)
     return a.transpose(1, 2).reshape(1, 2, 4) + h.view(1, 2, 4)
@@ -162,13 +162,22 @@ class ModeCosts:
 
 
 def mode_costs(policy_fn: Callable[..., Any]) -> ModeCosts:
-    """Measures ModeCosts for ``policy_fn`` now, on ``_mix``: the least of
-    five batches each way. Outside any checkpoint, collect() or meter."""
+    """Measures ModeCosts for ``policy_fn`` now, on ``_mix`` on the CPU
+    (host time is what a mode adds), with gradients on: the least of five
+    batches each way. Outside any checkpoint, collect() or meter."""
+    with torch.enable_grad():
+        return _mode_costs(policy_fn)
+
+
+def _one() -> torch.Tensor:
+    return torch.ones(1, 1, 2, 4, device="cpu", requires_grad=True)
+
+
+def _mode_costs(policy_fn: Callable[..., Any]) -> ModeCosts:
     from ._checkpoint import checkpoint
 
     def forward_backward(context: Optional[Callable[[], Any]]) -> None:
-        x = torch.ones(1, 1, 2, 4, requires_grad=True)
-        checkpoint(_mix, x, context_fn=context).sum().backward()
+        checkpoint(_mix, _one(), context_fn=context).sum().backward()
 
     def least(run: Callable[[], Any], n: int = 20) -> float:
         times = []
@@ -181,14 +190,14 @@ def mode_costs(policy_fn: Callable[..., Any]) -> ModeCosts:
 
     counter = SelectiveProbe(lambda ctx, op, *args, **kwargs: False)
     with counter:
-        _mix(torch.ones(1, 1, 2, 4, requires_grad=True))
+        _mix(_one())
     ops = max(1, counter.ops)
 
     def probed() -> None:
         with SelectiveProbe(policy_fn):
-            _mix(torch.ones(1, 1, 2, 4, requires_grad=True))
+            _mix(_one())
 
-    plain = least(lambda: _mix(torch.ones(1, 1, 2, 4, requires_grad=True)))
+    plain = least(lambda: _mix(_one()))
     selective = context_fn(policy_fn)
     return ModeCosts(probe=max(0.0, least(probed) - plain) / ops,
                      sac=max(0.0, least(lambda: forward_backward(selective)) - least(lambda: forward_backward(None)))
