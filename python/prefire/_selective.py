@@ -22,18 +22,25 @@ each op).
 Its time is where a dispatch mode in Python shows: SAC runs one over every
 op of the forward (caching) and of the recomputation (handing back), and
 on CPU that costs as much as the small ops it saves recomputing (GPT block,
-dim 256, 2x128 tokens, one thread: forward 5.4 ms kept, 7.1 ms selective;
-forward and backward 16.8 kept, 21.0 checkpointed, 20.7 selective). So a
-mode's cost per op is measured once per process (a one-element add with
-and without the probe, the least of five batches), the forward's time
-less the probe's share (ops x that cost) stands for a whole recomputation,
-and a selective checkpoint costs the forward's time less the kept ops'
-plus twice the mode's share (forward and recomputation): what choosing it
-adds to a step over keeping the block, as recompute_seconds is for a whole
-checkpoint. On CUDA the ops' times are the host's (the measuring step
-synchronises only around the forward), so there the kept ops' share is
-that of the launches, not the kernels: a plan there should be checked
-against its step time.
+dim 256, 2x128 tokens, one thread, benchmarks/python_selective_benchmark.py:
+forward 5.7 ms checkpointed, 7.6 selective; forward and backward 16.8 kept,
+21.2 checkpointed, 21.3 selective). So when a planner is made it measures
+what a mode adds per op (mode_costs, on a transformer block's kinds of op
+on tiny CPU tensors, the least of five batches each way): the probe's, a
+forward with and without it; and a selective checkpoint's over a whole
+one, forward and backward, per op and pass (SAC's costs per call spread
+over the few ops there; these checkpoints count in runtime_stats'
+recomputations). The measuring forward's time less the probe's part (its
+ops x its cost) stands for a whole recomputation, and a selective
+checkpoint costs that less the kept ops' time plus twice SAC's part: what
+choosing it adds to a step over keeping the block, as recompute_seconds is
+for a whole checkpoint. Still optimistic on that block (told 0.58 of a
+whole checkpoint, measured 1.03): a whole recomputation costs less than
+the measuring forward (early stop, no frame to build), and SAC's caching
+costs more per op on real tensors than on tiny ones. On CUDA the ops'
+times are the host's (the measuring step synchronises only around the
+forward), so there the kept ops' share is that of the launches, not the
+kernels: a plan there should be checked against its step time.
 """
 
 from __future__ import annotations
