@@ -46,11 +46,15 @@
 // selective_seconds, and its recomputation is charged the block's whole
 // saved bytes like a full one's: the kept outputs it hands back are counted
 // again there, as the runtime's census counts them (in the checkpoint's
-// meter and as recomputed bytes), so the plan says what the census sees. On
-// a transformer block on CPU the outputs of its matmuls and attention are
-// two thirds of what it saves and most of its forward's time, so a selective
-// checkpoint frees a third of a kept block for a sixth of a recomputation:
-// per byte freed the cheapest choice, until the budget needs more.
+// meter and as recomputed bytes), so the plan says what the census sees.
+// selective_seconds is what the choice adds to a step over keeping the
+// block (its recomputation, and whatever its forward costs more), so the
+// planner weighs the three by one measure. On a GPT block the outputs of
+// its matmuls and attention are two thirds of what it saves and most of its
+// ops' time, so a selective checkpoint frees a third of a kept block for
+// the small ops' recomputation, where SAC's dispatch in Python does not
+// cost as much again (on this CPU it does: Note [Measuring a selective
+// checkpoint] in python/prefire/_selective.py).
 //
 // Note [Choosing a plan]
 // Recomputation is what a plan costs, so the best plan within a budget keeps
