@@ -39,7 +39,7 @@ struct BlockCost {
   // A selective checkpoint (torch's SAC policy: the outputs of some ops kept, the rest recomputed), a third
   // choice between keeping the block and checkpointing it whole (Note [Selective checkpoints in a plan]):
   int64_t selective_bytes = -1;       // bytes: what it holds instead (its inputs and the outputs it keeps); -1: none
-  double selective_seconds = 0;       // seconds: one recomputation of what it does not keep
+  double selective_seconds = 0;       // seconds: what it adds to a step over keeping the block (its recomputation)
   int64_t selective_after_bytes = 0;  // bytes: of selective_bytes, the same as input_after_bytes
 };
 
