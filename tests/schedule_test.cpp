@@ -379,6 +379,103 @@ TEST_P(ScheduleEarlyStop, PrefireMatchesReferenceWithEarlyStop) {
 INSTANTIATE_TEST_SUITE_P(EarlyStop, ScheduleEarlyStop, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "On" : "Off"; });
 
+// ---- keeping only what the next pass reads (Note [A session keeps what the next pass reads]) ----
+
+// A W that reads less than B: the weight gradients of the last block only.
+TensorList w_last_block(const MicroBatch& mb, const Stage& s) {
+  return torch::autograd::grad({mb.y}, s.blocks.back().params(), {mb.gy});
+}
+
+// B then W in session `id` over `mb`; the mask keep_only() gets between them
+// (none: nothing dropped). Returns W's gradients.
+TensorList b_then_w(const Stage& stage, const MicroBatch& mb, SessionId id, const SavedTensorMask* keep) {
+  { SessionScope b(id, {/*retain_on_unpack=*/true}); b_pass(mb); }
+  if (keep) EXPECT_TRUE(keep_only(id, *keep));
+  SessionScope w(id, {/*retain_on_unpack=*/false});
+  return w_last_block(mb, stage);
+}
+
+TEST(Schedule, KeepOnlyWhatAnEarlierWReadDropsTheRestAndWRecomputesNothing) {
+  Stage stage(3, 0.0);
+  at::manual_seed(40);
+  auto ref_mb = make_micro_batch(40);
+  ref_mb.y = stage.forward(ref_mb.x, false);
+  const TensorList ref = w_last_block(ref_mb, stage);
+
+  std::vector<CheckpointHandle> handles;
+  auto first = forward_collect(stage, 40, &handles);
+  for (const auto& h : handles) attach(h, 40);
+  b_then_w(stage, first, 40, nullptr);
+  const SavedTensorMask reads = pass_reads(40);
+  ASSERT_EQ(reads.size(), 3u) << "one entry per checkpoint";
+  const auto read_in = [&](size_t block) { return std::count(reads[block].begin(), reads[block].end(), true); };
+  EXPECT_EQ(read_in(0), 0) << "W of the last block read the first block's tensors";
+  EXPECT_EQ(read_in(1), 0);
+  EXPECT_GT(read_in(2), 0);
+  clear_session(40);
+
+  auto second = forward_collect(stage, 40, &handles);
+  for (const auto& h : handles) attach(h, 40);
+  { SessionScope b(40, {true}); b_pass(second); }
+  const int64_t whole = session_stats(40).current_bytes;
+  EXPECT_FALSE(keep_only(40, SavedTensorMask(reads.begin(), reads.end() - 1))) << "a mask of another shape";
+  EXPECT_EQ(session_stats(40).current_bytes, whole) << "a mask that does not fit dropped something";
+  ASSERT_TRUE(keep_only(40, reads));
+  const int64_t kept = session_stats(40).current_bytes;
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(3 * kept, 2 * whole) << "two of three blocks' tensors dropped";
+  const int64_t before = recomputations();
+  TensorList dw;
+  { SessionScope w(40, {false}); dw = w_last_block(second, stage); }
+  expect_all_equal(dw, ref);
+  EXPECT_EQ(recomputations() - before, 0);
+  EXPECT_EQ(session_stats(40).trim_misses, 0);
+  EXPECT_EQ(pass_reads(40), reads) << "W read what the earlier W read";
+  clear_session(40);
+}
+
+TEST(Schedule, AnUnpackOfATensorKeepOnlyDroppedRecomputesItForThatBackwardAndCountsAMiss) {
+  Stage stage(2, 0.1);
+  const auto ref = reference(stage, 41);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 41, &handles);
+  for (const auto& h : handles) attach(h, 41);
+  TensorList dx;
+  { SessionScope b(41, {true}); dx = b_pass(mb); }
+  SavedTensorMask none;
+  for (const auto& reads : pass_reads(41)) none.emplace_back(reads.size(), false);
+  ASSERT_TRUE(keep_only(41, none));
+  EXPECT_EQ(session_stats(41).current_bytes, 0);
+  const int64_t before = recomputations();
+  TensorList dw;
+  { SessionScope w(41, {false}); dw = w_pass(mb, stage); }
+  expect_all_equal(dx, ref.first);
+  expect_all_equal(dw, ref.second);  // recomputed from the checkpoint's inputs, dropout masks and all
+  EXPECT_EQ(recomputations() - before, 2) << "per graph task, once per checkpoint";
+  EXPECT_GT(session_stats(41).trim_misses, 0);
+  for (const auto& reads : pass_reads(41)) {
+    EXPECT_GT(std::count(reads.begin(), reads.end(), true), 0) << "a miss is a read: the next mask keeps it";
+  }
+  clear_session(41);
+}
+
+TEST(Schedule, KeepOnlyAndPassReadsMisuse) {
+  EXPECT_TRUE(pass_reads(42).empty()) << "no session 42";
+  EXPECT_TRUE(keep_only(42, {})) << "nothing to keep of nothing";
+  EXPECT_FALSE(keep_only(42, {{true}}));
+  EXPECT_THROW(keep_only(-1, {}), std::invalid_argument);
+  EXPECT_THROW(pass_reads(-1), std::invalid_argument);
+  Stage stage(1, 0.0);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 42, &handles);
+  attach(handles[0], 42);
+  {
+    SessionScope open(42, {true});
+    EXPECT_THAT(message_of([&] { keep_only(42, pass_reads(42)); }), HasSubstr("open SessionScope"));
+  }
+  clear_session(42);
+}
+
 // ---- prefire -----------------------------------------------------------------------
 
 TEST(Schedule, PrefireIsNoOpWhenAlreadyResident) {

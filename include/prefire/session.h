@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace prefire {
 
@@ -91,6 +92,7 @@ struct SessionStats {
   int64_t lazy_recomputes = 0;   // count: checkpoints recomputed by their first unpack under a scope
   int64_t hits = 0;              // count: unpacks served from a recomputation already held
   int64_t refused_prefires = 0;  // count: prefire() calls refused by the budget
+  int64_t trim_misses = 0;       // count: unpacks of a tensor keep_only() dropped (recomputed per graph task)
   int64_t checkpoints = 0;       // count: checkpoints registered now, nested ones included
   std::optional<int64_t> budget_bytes;  // bytes: the cap, if any
 };
@@ -101,5 +103,27 @@ struct SessionStats {
 /// after it last ended (see clear_session). Any thread; never waits for a
 /// recomputation.
 SessionStats session_stats(SessionId id);
+
+/// Per checkpoint registered to a session, in the order they were registered
+/// (each checkpoint followed by its nested ones, parents first): a flag per
+/// tensor autograd saved in its forward, by slot.
+using SavedTensorMask = std::vector<std::vector<bool>>;
+
+/// Which saved tensors the latest pass of session `id` (its latest
+/// SessionScope, open or closed) unpacked. Empty when there is no session `id`.
+SavedTensorMask pass_reads(SessionId id);
+
+/// Lets session `id` hold, of what it recomputed, only the saved tensors
+/// `keep` marks: the others are dropped now and for the rest of the session.
+/// `keep` is what the next pass will read, as pass_reads() saw the same pass
+/// of an earlier session of the same forward (the W pass after B). A dropped
+/// tensor that is unpacked after all is recomputed for that backward alone
+/// (per graph task, as without a session) and counted in
+/// SessionStats::trim_misses: slower, never wrong. Returns false and drops
+/// nothing when `keep` does not fit the session (another number of
+/// checkpoints, or of saved tensors in one). See Note [A session keeps what
+/// the next pass reads] in session/keep_only.cpp. Raises CheckpointError
+/// while a SessionScope of `id` is open, std::invalid_argument for a negative id.
+bool keep_only(SessionId id, const SavedTensorMask& keep);
 
 }  // namespace prefire

@@ -16,8 +16,10 @@ stages.
 
 Both decisions walk the rank's actions in the schedule's own order
 (``_walk``): each B or full backward holds its stage's need less what is
-prefired of it while it runs, and a B keeps that for W; each W lets go of
-its micro-batch, and holds its stage's need while it runs if it recomputes.
+prefired of it while it runs, and a B keeps that for W, or what its stage's
+sessions kept after B once they keep only what W reads (``kept``, Note
+[What a session keeps for W] in ``pipelining.py``); each W lets go of its
+micro-batch, and holds its stage's need while it runs if it recomputes.
   * After B, a micro-batch keeps its recomputation for W only if the rank
     stays within N until its next B ends. Otherwise the session is cleared
     and its checkpoints join a fresh session that W recomputes into (two
@@ -74,6 +76,7 @@ class RankBudget:
         self.pending = pending
         self.holds = holds
         self.stage_bytes: Dict[int, int] = {}   # a stage's need: the most one of its sessions held
+        self.kept_bytes: Dict[int, int] = {}    # what a stage's session keeps for W after B, when trimmed
         self._read_actions = actions
         self._actions: Optional[List[Action]] = None
         self._b_at: Dict[Key, int] = {}          # where each B (or full backward) is in the actions
@@ -95,6 +98,13 @@ class RankBudget:
         plan): replaces what was learnt; sessions that hold more raise it
         again as they close."""
         self.stage_bytes = dict(stage_bytes)
+        self.kept_bytes = {}
+
+    def kept(self, stage: int, nbytes: int) -> None:
+        """A session of ``stage`` keeps ``nbytes`` for W after its B
+        (trimmed to what W reads): what later Bs of it keep, at the most
+        seen."""
+        self.kept_bytes[stage] = max(self.kept_bytes.get(stage, 0), nbytes)
 
     @property
     def step_ended(self) -> bool:
@@ -183,9 +193,11 @@ class RankBudget:
                 peak = max(peak, total + add)
                 if until_b:
                     break
-                if kind == "B":  # kept for W
-                    held[k] = held.get(k, 0) + add
-                    total += add
+                if kind == "B":  # kept for W: all it held, or what its stage's trimmed sessions keep
+                    after = held.get(k, 0) + add
+                    after = min(after, self.kept_bytes.get(stage, after))
+                    total += after - held.get(k, 0)
+                    held[k] = after
                 else:
                     total -= held.pop(k, 0)
             elif kind == "W":

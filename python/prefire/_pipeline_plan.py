@@ -27,14 +27,17 @@ in src/memory/plan.cpp): after each of the rank's actions, each block of the
 rank counted once per micro-batch of its stage between their F and their W
 (or full backward), and, for the micro-batches past their W, what the block
 still holds then, the most over those moments. A block's meter says that
-after each W. The schedule keeps the last stage's outputs, and with them
-their graphs, with what B alone needed, until the next step begins
-(measured, about half of what a kept block saved); so until a last-stage
-block was seen kept (or checkpointed), it is taken to hold the largest
-share its stage's other blocks were seen to hold (blocks of a stage are
-alike), or all of it when none was; other stages' blocks nothing (their W
-lets go of the graph). A step that sees a block's bytes after W for the
-first time plans again at its end; a block that holds more than its share
+after each W. A schedule may keep the last stage's graphs until the next
+step begins (torch's keeps its outputs and losses: ``enable`` lets go of
+their graphs after W, Note [The last stage lets go of its graph after W]
+in pipelining.py; another schedule may keep them otherwise); so until a
+last-stage block was seen kept (or checkpointed), it is taken to hold the
+largest share its stage's other blocks were seen to hold (blocks of a
+stage are alike), or all of it when none was; other stages' blocks
+nothing (their W lets go of the graph), and so the last stage's too once
+``enable`` let go of a loss (``last_stage_lets_go``). A step that sees a
+block's bytes after W for the first time plans again at its end; a block
+that holds more than its share
 says so in a warning (the rank may have gone over the budget that step)
 before the plan that counts it; a stage's checkpointed blocks are one
 group, since its B recomputes them into one session. What the plan leaves
@@ -207,6 +210,9 @@ class RankPlanner:
         self._actions: List[Action] = []           # the rank's actions in a step (empty: no order)
         self._open: Dict[Tuple[int, int], _StageForward] = {}  # (stage, micro-batch) -> its forward, until its W
         self._learnt = False                       # a block's bytes after W seen for the first time: plan again
+        # the schedule keeps no graph of the last stage past its W (Note [The last stage lets go of its
+        # graph after W] in pipelining.py): its blocks are taken to hold nothing after W until seen
+        self.last_stage_lets_go = False
 
     @property
     def plan(self) -> Optional[RankPlan]:
@@ -320,7 +326,7 @@ class RankPlanner:
             wholes = [[max(r[0] for r in runs) for runs in measured.blocks],
                       [max(r[1] for r in runs) for runs in measured.blocks],
                       [-1 if min(r[3] for r in runs) < 0 else max(r[3] for r in runs) for runs in measured.blocks]]
-            last = stage == self.last_stage
+            last = stage == self.last_stage and not self.last_stage_lets_go
             shares = [_share(after, whole) for after, whole in zip(measured.after, wholes)]
             for index, runs in enumerate(measured.blocks):
                 saved, inputs, selective = (whole[index] for whole in wholes)

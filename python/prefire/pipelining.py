@@ -75,6 +75,36 @@ prefire, or with bubble prefire off, and say nothing. So:
 
 Session ids are taken from a process-wide counter starting at 2**62, so they
 do not meet ids a program chooses for its own sessions.
+
+Note [The last stage lets go of its graph after W]
+The last stage keeps each micro-batch's output until the step ends, to
+merge them for the caller (``output_chunks``), and the schedule its loss
+(``_internal_losses``, for ``step(losses=...)``); each holds its graph.
+torch detaches the outputs after B for that reason, but in place, which a
+view cannot be (a language model's head, a Linear over (batch, seq, dim),
+returns one), so after B (``retain_graph=True``) and W, everything the last
+stage's forward saved outside a checkpoint stayed until the next step:
+measured, half of a kept block's saved bytes on the default GPT, what B
+alone read. So after a micro-batch's last pass on the last stage (W, or
+the full backward) ``enable`` puts detached copies of its output and loss
+in their places: the same values for the caller, without a graph nobody
+can run backward through again. A kept block of the last stage then holds
+its activations from its F to its W, as on the other stages. ``enable``
+checks that both lists exist (Note [Hook points fail loudly]).
+
+Note [What a session keeps for W]
+torch's B keeps the stage's whole graph for W (``retain_graph=True``), so a
+session would hold all B recomputed until W, though W reads only what the
+weight gradients need (Note [A session keeps what the next pass reads] in
+src/session/keep_only.cpp: ~56 % of it on the default GPT block). So each
+stage learns, from its W's (``_C.pass_reads`` after W, the union over every
+W of a forward that saves the same tensors), what a W reads, and after each
+later B its session keeps only that (``_C.keep_only``). The first W of a
+stage (or of a forward that saves otherwise) finds its session whole. What
+a trimmed session keeps is what the rank's budget counts for it from then
+on (``RankBudget.kept``). A W that reads a dropped tensor after all
+recomputes that checkpoint for itself: the same gradients, counted in
+``PipelineStats.trim_misses``, said once in a warning, and kept from then on.
 """
 
 from __future__ import annotations
@@ -88,6 +118,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from . import _C, _fsdp
 from ._bubbles import BubbleFiller
@@ -214,6 +245,9 @@ class PipelineStats:
     bubble_seconds: float = 0.0   # host time spent on bubble prefires
     max_session_bytes: int = 0    # the most bytes one micro-batch's session held (its peak)
     released_after_b: int = 0     # micro-batches whose recomputation B let go for the budget (W recomputed it)
+    trimmed_after_b: int = 0      # micro-batches whose session kept, after B, only what an earlier W read
+    trim_misses: int = 0          # unpacks in W of a tensor the trim dropped (recomputed for that W alone)
+    graphs_let_go: int = 0        # last-stage micro-batches whose output and loss lost their graph after W
     prefires_let_go: int = 0      # bubble-prefired micro-batches let go so that a B could keep its recomputation
 
 
@@ -250,6 +284,10 @@ class _StageSessions:
         self.forwards = 0            # forwards through the wrapper since the last step began
         self.checkpoints = 0         # prefire checkpoints its forwards made, ever
         self.fsdp = _holds_fsdp(stage.submod)
+        # What a W of this stage read of its session (_C.pass_reads): what
+        # later sessions keep after B (Note [What a session keeps for W]).
+        self.w_reads: Optional[List[List[bool]]] = None
+        self.warned_miss = False
         if getattr(stage, "_prefire_sessions", None) is not None:
             raise RuntimeError(f"prefire.pipelining.enable: stage {stage.stage_index} already has prefire sessions "
                                "(enable was called twice for its schedule)")
@@ -291,7 +329,7 @@ class _StageSessions:
         def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
             owner.budget.ran(("W", stage.stage_index, bwd_chunk_id))
             self.run_pass(bwd_chunk_id, False,
-                          lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs))
+                          lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs), weight=True)
             owner._action_done(stage.stage_index, bwd_chunk_id, released=True)
 
         def clear_runtime_states():
@@ -329,6 +367,9 @@ class _StageSessions:
         mb = self.pending.get(micro_batch)
         if mb is None:
             return
+        if self.w_reads is not None and _C.keep_only(mb.session, self.w_reads):
+            self.owner._stats.trimmed_after_b += 1
+            self.owner.budget.kept(self.stage.stage_index, _C.session_stats(mb.session).current_bytes)
         keep, let_go = self.owner.budget.after_b((self.stage.stage_index, micro_batch))
         for stage_index, other in let_go:
             self.owner._stages[stage_index].let_go_of_prefires(other)
@@ -350,7 +391,7 @@ class _StageSessions:
         self.pending[micro_batch] = self._new_session(mb.handles)
         self.owner._stats.prefires_let_go += 1
 
-    def run_pass(self, micro_batch: int, retain: bool, run: Callable[[], Any]) -> None:
+    def run_pass(self, micro_batch: int, retain: bool, run: Callable[[], Any], weight: bool = False) -> None:
         mb = self.pending.get(micro_batch)
         if mb is None:  # nothing checkpointed in this micro-batch
             run()
@@ -361,8 +402,29 @@ class _StageSessions:
         except BaseException:
             self.close(micro_batch)
             raise
+        if weight:
+            self.learn_w_reads(mb)
         if not retain:
             self.close(micro_batch)
+
+    def learn_w_reads(self, mb: _MicroBatch) -> None:
+        """What this W read of its session, added to what earlier Ws read
+        (Note [What a session keeps for W])."""
+        reads = _C.pass_reads(mb.session)
+        misses = _C.session_stats(mb.session).trim_misses
+        if misses:
+            self.owner._stats.trim_misses += misses
+            if not self.warned_miss:
+                self.warned_miss = True
+                warnings.warn(
+                    f"prefire.pipelining: a W of stage {self.stage.stage_index} read {misses} saved tensor(s) that an "
+                    "earlier W of the same forward did not; they were recomputed for this W alone (the gradients are "
+                    "the same) and later sessions keep them", UserWarning, stacklevel=3)
+        known = self.w_reads
+        if known is not None and [len(r) for r in known] == [len(r) for r in reads]:
+            self.w_reads = [[a or b for a, b in zip(old, new)] for old, new in zip(known, reads)]
+        else:  # the first W, or a forward that saves otherwise (new shapes): learnt afresh
+            self.w_reads = reads
 
     def close(self, micro_batch: int) -> None:
         mb = self.pending.pop(micro_batch)
@@ -420,8 +482,19 @@ def _stages_of(schedule) -> List[Any]:
     return list(stages)
 
 
-def _check_hook_points(stages: List[Any]) -> None:
-    """The stage methods enable() wraps, with the arguments it reads."""
+def _check_hook_points(stages: List[Any], schedule: Any = None) -> None:
+    """The stage methods enable() wraps, with the arguments it reads, and
+    where a schedule whose last stage is on this rank keeps its losses."""
+    for stage in stages:
+        if stage.is_last and not isinstance(getattr(stage, "output_chunks", None), list):
+            raise RuntimeError(f"prefire.pipelining: {type(stage).__name__} keeps no output_chunks list in torch "
+                               f"{torch.__version__}; prefire lets go of each micro-batch's output graph after its W "
+                               "there (Note [The last stage lets go of its graph after W])")
+    if schedule is not None and any(s.is_last for s in stages) and \
+            not isinstance(getattr(schedule, "_internal_losses", None), list):
+        raise RuntimeError(f"prefire.pipelining: {type(schedule).__name__} keeps no _internal_losses list in torch "
+                           f"{torch.__version__}; prefire lets go of each micro-batch's loss graph after its W there "
+                           "(Note [The last stage lets go of its graph after W])")
     for stage in stages:
         for name in _StageSessions._METHODS:
             if not callable(getattr(stage, name, None)):
@@ -460,7 +533,7 @@ class Pipelining:
                              f"warms up), got {bubble_warmup_steps!r}")
         _check_torch_version()
         stages = _stages_of(schedule)
-        _check_hook_points(stages)
+        _check_hook_points(stages, schedule)
         tables = _receive_tables(schedule) if bubble else []  # checks the schedule before anything is wrapped
         self.schedule = schedule
         self.first_stage = stages[0]
@@ -508,12 +581,38 @@ class Pipelining:
 
     def _action_done(self, stage_index: int, micro_batch: int, released: bool) -> None:
         """A backward action ran; ``released``: the micro-batch's last pass on the stage."""
+        stage = self._stages[stage_index].stage
+        if released and stage.is_last:
+            self._let_go_of_graph(stage, micro_batch)
         if self.planner is None:
             return
         if released:
             self.planner.released(stage_index, micro_batch)
         if self.budget.step_ended:
             self.planner.step_ends(self.budget.actions())
+
+    def _let_go_of_graph(self, stage: Any, micro_batch: int) -> None:
+        """After the last pass of ``micro_batch`` on the last stage: its
+        output and loss as values, without their graph (Note [The last
+        stage lets go of its graph after W])."""
+        let_go = False
+        outputs = stage.output_chunks
+        if 0 <= micro_batch < len(outputs):
+            held = [t for t in tree_flatten(outputs[micro_batch])[0] if isinstance(t, torch.Tensor)
+                    and t.grad_fn is not None]
+            if held:
+                outputs[micro_batch] = tree_map_only(torch.Tensor, torch.Tensor.detach, outputs[micro_batch])
+                let_go = True
+        losses = getattr(self.schedule, "_internal_losses", None)
+        if isinstance(losses, list) and 0 <= micro_batch < len(losses):
+            loss = losses[micro_batch]
+            if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+                losses[micro_batch] = loss.detach()
+                let_go = True
+        if let_go:
+            self._stats.graphs_let_go += 1
+            if self.planner is not None:
+                self.planner.last_stage_lets_go = True
 
     def _check_fired(self) -> None:
         """After the first training step: see Note [Hook points fail loudly]."""

@@ -320,9 +320,14 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("lazy_recomputes", &SessionStats::lazy_recomputes)
       .def_readonly("hits", &SessionStats::hits)
       .def_readonly("refused_prefires", &SessionStats::refused_prefires)
+      .def_readonly("trim_misses", &SessionStats::trim_misses)
       .def_readonly("checkpoints", &SessionStats::checkpoints)
       .def_readonly("budget_bytes", &SessionStats::budget_bytes);
   m.def("session_stats", &prefire::session_stats, py::arg("session"));
+  // Note [A session keeps what the next pass reads] (src/session/keep_only.cpp)
+  m.def("pass_reads", &prefire::pass_reads, py::arg("session"));
+  m.def("keep_only", &prefire::keep_only, py::arg("session"), py::arg("keep"),
+        py::call_guard<py::gil_scoped_release>());
 
   py::class_<RuntimeStats>(m, "RuntimeStats")
       .def_readonly("recomputations", &RuntimeStats::recomputations)

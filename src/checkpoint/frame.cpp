@@ -223,6 +223,12 @@ at::Tensor Frame::unpack(size_t slot) {
   if (std::optional<Serving> s = session_for_unpack()) {
     SessionCore& session = *s->registration->session;
     Recomputation& r = s->registration->recomputation;
+    // See Note [A session keeps what the next pass reads] in session/keep_only.cpp.
+    if (!s->for_nested_prefire) s->registration->reads->mark(slot);
+    if (r.trimmed(slot)) {
+      session.trim_misses.fetch_add(1, std::memory_order_relaxed);
+      return unpack_by_graph_task(slot, full_extent());
+    }
     std::optional<RecomputeEvent> event =
         recompute_once(source(), r, RecomputeEvent::Kind::kLazy, session.id, full_extent());
     if (event) {
@@ -392,7 +398,7 @@ std::pair<std::shared_ptr<Registration>, bool> Frame::register_to(const std::sha
     throw CheckpointError(c10::str("prefire: this checkpoint is registered to session ", other, "; clear_session(",
                                    other, ") before registering it to session ", session->id));
   }
-  registered_ = std::make_shared<Registration>(session);
+  registered_ = std::make_shared<Registration>(session, num_slots_);
   return {registered_, true};
 }
 
@@ -405,13 +411,13 @@ void Frame::unregister(const SessionCore& session) noexcept {
 }
 
 void Frame::end_pass(const SessionCore& session) noexcept {
-  std::shared_ptr<Registration> registration;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!registered_ || registered_->session.get() != &session) return;
-    registration = registered_;
-  }
-  registration->recomputation.end_pass();
+  if (std::shared_ptr<Registration> registration = registration_in(session)) registration->recomputation.end_pass();
+}
+
+std::shared_ptr<Registration> Frame::registration_in(const SessionCore& session) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!registered_ || registered_->session.get() != &session) return nullptr;
+  return registered_;
 }
 
 void Frame::bind(bool bound) noexcept {

@@ -77,6 +77,8 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   /// A pass of `session` with retain_on_unpack=false ended: drops what it
   /// handed out (no-op when registered elsewhere or nowhere).
   void end_pass(const SessionCore& session) noexcept;
+  /// Its registration to `session`, or nullptr when registered elsewhere or nowhere.
+  std::shared_ptr<Registration> registration_in(const SessionCore& session) const;
   /// Recomputes into `registration` now, as a prefire, unless it is done;
   /// returns whether this call recomputed.
   bool prefire(Registration& registration);

@@ -73,6 +73,8 @@ void Recomputation::reset(size_t num_slots) {
   consumed_.assign(num_slots, 0);
   taken_.assign(num_slots, 0);
   counted_.assign(num_slots, 0);
+  trimmed_.assign(num_slots, 0);
+  any_trimmed_.store(false, std::memory_order_release);
 }
 
 void Recomputation::store(size_t slot, at::Tensor tensor, bool counted) {
@@ -115,6 +117,22 @@ void Recomputation::end_pass() noexcept {
     consumed_[slot] = 1;
     taken_[slot] = 0;
   }
+}
+
+void Recomputation::keep_only(const std::vector<bool>& keep) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t slot = 0; slot < tensors_.size() && slot < keep.size(); ++slot) {
+    if (keep[slot]) continue;
+    drop_locked(slot);
+    trimmed_[slot] = 1;
+    any_trimmed_.store(true, std::memory_order_release);
+  }
+}
+
+bool Recomputation::trimmed(size_t slot) {
+  if (!any_trimmed_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return slot < trimmed_.size() && trimmed_[slot];
 }
 
 void Recomputation::drop(size_t slot) noexcept {

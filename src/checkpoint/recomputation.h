@@ -75,6 +75,12 @@ class Recomputation {
   std::optional<at::Tensor> take_for_pass(size_t slot);
   /// Drops, for good, every slot take_for_pass() handed out.
   void end_pass() noexcept;
+  /// Drops, for the rest of this computation, every slot `keep` leaves out
+  /// (Note [A session keeps what the next pass reads] in session/keep_only.cpp).
+  /// `keep` has num_slots() entries.
+  void keep_only(const std::vector<bool>& keep) noexcept;
+  /// Whether keep_only() dropped `slot` (no lock unless keep_only() ran: the unpack path asks).
+  bool trimmed(size_t slot);
   /// Slots this computation was reset to hold.
   size_t num_slots() const { return tensors_.size(); }
   /// Set when a prefire ran on a device's prefire stream: unpacks wait on it.
@@ -95,6 +101,8 @@ class Recomputation {
   std::vector<uint8_t> consumed_;    // by slot
   std::vector<uint8_t> taken_;       // by slot: handed out by take_for_pass() since the last end_pass()
   std::vector<uint8_t> counted_;     // by slot
+  std::vector<uint8_t> trimmed_;     // by slot: dropped by keep_only()
+  std::atomic<bool> any_trimmed_{false};
   StorageCensus census_;             // the storages of counted slots
   const std::shared_ptr<ByteGauge> owner_;
   const std::shared_ptr<ByteGauge> pool_;

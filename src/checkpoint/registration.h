@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace prefire::detail {
 
@@ -31,15 +32,44 @@ struct SessionCore {
   std::atomic<int64_t> lazy_recomputes{0};
   std::atomic<int64_t> hits{0};
   std::atomic<int64_t> refused_prefires{0};
+  std::atomic<int64_t> trim_misses{0};
+};
+
+/// Which of one checkpoint's saved tensors the latest pass of its session
+/// unpacked (pass_reads()). The session keeps it beside the checkpoint, so it
+/// outlives a checkpoint that the pass freed (torch's W runs without
+/// retain_graph and frees each checkpoint's graph as it goes). Any thread.
+class SlotReads {
+ public:
+  explicit SlotReads(size_t slots) : read_(slots) {}
+  void mark(size_t slot) noexcept {
+    if (slot < read_.size()) read_[slot].store(true, std::memory_order_relaxed);
+  }
+  /// A pass begins.
+  void clear() noexcept {
+    for (auto& r : read_) r.store(false, std::memory_order_relaxed);
+  }
+  std::vector<bool> get() const {
+    std::vector<bool> out(read_.size());
+    for (size_t slot = 0; slot < read_.size(); ++slot) out[slot] = read_[slot].load(std::memory_order_relaxed);
+    return out;
+  }
+  size_t size() const { return read_.size(); }
+
+ private:
+  std::vector<std::atomic<bool>> read_;  // by slot
 };
 
 /// One checkpoint's registration to one session.
 struct Registration {
-  explicit Registration(std::shared_ptr<SessionCore> core)
-      : session(std::move(core)), recomputation(session->bytes, session->pool_bytes) {}
+  Registration(std::shared_ptr<SessionCore> core, size_t slots)
+      : session(std::move(core)),
+        recomputation(session->bytes, session->pool_bytes),
+        reads(std::make_shared<SlotReads>(slots)) {}
 
   const std::shared_ptr<SessionCore> session;
   Recomputation recomputation;  // shared by every pass of the session
+  const std::shared_ptr<SlotReads> reads;
 };
 
 }  // namespace prefire::detail

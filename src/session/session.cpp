@@ -105,6 +105,7 @@ std::vector<std::shared_ptr<Registration>> Session::register_locked(const std::v
       added.push_back(frame);
       if (frames.size() >= 64 && frames.size() % 64 == 0) prune_locked();
       frames.push_back(frame);
+      reads.push_back(registrations.back()->reads);
       if (scope_open) frame->bind(true);
     }
   } catch (...) {
@@ -118,12 +119,26 @@ std::vector<std::shared_ptr<Registration>> Session::register_locked(const std::v
 void Session::unregister_locked(const std::vector<std::shared_ptr<Frame>>& to_remove) {
   for (const auto& frame : to_remove) {
     frame->unregister(*core);
-    std::erase_if(frames, [&](const std::weak_ptr<Frame>& f) { return refers_to(f, frame); });
+    erase_locked([&](const std::weak_ptr<Frame>& f) { return refers_to(f, frame); });
   }
 }
 
 void Session::prune_locked() {
-  std::erase_if(frames, [](const std::weak_ptr<Frame>& f) { return f.expired(); });
+  erase_locked([](const std::weak_ptr<Frame>& f) { return f.expired(); });
+}
+
+void Session::erase_locked(c10::function_ref<bool(const std::weak_ptr<Frame>&)> which) {
+  size_t kept = 0;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    if (which(frames[i])) continue;
+    if (kept != i) {  // a self-move would empty a weak_ptr
+      frames[kept] = std::move(frames[i]);
+      reads[kept] = std::move(reads[i]);
+    }
+    ++kept;
+  }
+  frames.resize(kept);
+  reads.resize(kept);
 }
 
 bool Session::empty_locked() {
@@ -191,6 +206,7 @@ SessionScope::SessionScope(SessionId id, SessionOptions options) {
   for (const auto& weak : session->frames) {
     if (auto frame = weak.lock()) frame->bind(true);
   }
+  for (const auto& reads : session->reads) reads->clear();  // a pass begins
   lock.unlock();
   session_ = std::move(session);
   detail::this_thread().session_scope = this;
@@ -231,6 +247,7 @@ void clear_session(SessionId id) {
   }
   std::vector<std::weak_ptr<detail::Frame>> frames;
   frames.swap(session->frames);
+  session->reads.clear();
   lock.unlock();
   for (const auto& weak : frames) {
     if (auto frame = weak.lock()) frame->unregister(*session->core);
@@ -264,6 +281,7 @@ SessionStats session_stats(SessionId id) {
   stats.lazy_recomputes = core.lazy_recomputes.load();
   stats.hits = core.hits.load();
   stats.refused_prefires = core.refused_prefires.load();
+  stats.trim_misses = core.trim_misses.load();
   for (const auto& weak : session->frames) stats.checkpoints += weak.expired() ? 0 : 1;
   stats.budget_bytes = session->budget;
   return stats;

@@ -371,9 +371,12 @@ def test_bubble_prefires_under_a_memory_budget_keep_it_on_two_ranks_with_exact_g
         assert sum(rank["pipelining"]["bubble_prefires"] for rank in ranks) > 0, r  # the filler ran
 
 
-def test_the_last_stage_is_counted_by_what_its_blocks_hold_after_w_once_seen(one_rank):
-    # keeping everything holds what none holds; the first plan counts the last stage's micro-batches
-    # to the step's end, whole, and cannot keep everything within a hair above it
+def test_the_last_stage_is_counted_by_what_its_blocks_hold_after_w_once_seen(one_rank, monkeypatch):
+    # a schedule that keeps the last stage's graphs to the step's end (as torch's did, before prefire let go
+    # of them: Note [The last stage lets go of its graph after W]): keeping everything holds what none holds;
+    # the first plan counts the last stage's micro-batches to the step's end, whole, and cannot keep
+    # everything within a hair above it
+    monkeypatch.setattr(pipelining.Pipelining, "_let_go_of_graph", lambda self, stage, micro_batch: None)
     run = Run(*planned_gpt(None)[:3], memory_budget=1 << 40)
     for _ in range(3):
         _, everything = run.step()
@@ -391,3 +394,30 @@ def test_the_last_stage_is_counted_by_what_its_blocks_hold_after_w_once_seen(one
     assert all(0 < c.saved_after_bytes < c.saved_bytes for c in last)  # a share of it stays, not all
     assert all(c.saved_after_bytes == 0 for c in run.sessions.plan.costs if c.group == 0)
     run.close()
+
+
+def test_the_last_stage_lets_go_of_its_graphs_after_w_and_the_plan_counts_nothing_after(one_rank, monkeypatch):
+    expected = reference_gradients(TINY)
+    held = {}
+    for let_go in (False, True):
+        with monkeypatch.context() as patch:
+            if not let_go:
+                patch.setattr(pipelining.Pipelining, "_let_go_of_graph", lambda self, stage, micro_batch: None)
+            run = Run(*planned_gpt(None)[:3], memory_budget=1 << 40)  # every block kept once planned
+            for _ in range(3):
+                grads, held[let_go] = run.step()
+            assert all(torch.equal(grads[n], expected[n]) for n in expected)
+            after = [c.saved_after_bytes for c in run.sessions.plan.costs if c.group == 1]
+            assert not any(any(c) for c in run.sessions.plan.checkpointed.values())
+            if let_go:
+                assert after == [0] * len(after) and run.sessions.stats().graphs_let_go > 0
+                losses = []
+                inputs, targets = run.batch
+                out = run.schedule.step(inputs, target=targets, losses=losses)
+                # the caller gets values without a graph: the same as torch computes (the outputs merged)
+                assert out.grad_fn is None and all(loss.grad_fn is None for loss in losses)
+                assert len(losses) == 2 and all(torch.isfinite(loss) for loss in losses)
+            else:
+                assert all(a > 0 for a in after)
+            run.close()
+    assert held[True] < held[False]  # the last stage's kept blocks no longer hold to the step's end

@@ -1,0 +1,76 @@
+// Note [A session keeps what the next pass reads]
+// A session of a split backward serves two passes: B (input gradients) and W
+// (weight gradients). B reads most of what a checkpoint saved; W reads only
+// what the weight gradients need: the inputs of the layers that hold weights
+// (a linear layer's input, a norm's statistics), not the tensors that serve
+// the input gradient alone (attention's q, k, v, output and log-sum-exp, an
+// activation's input). The C++ split backward lets those go by itself
+// (autograd releases a node's saved tensors after B runs it; Note [Memory
+// that follows the passes]), but torch.distributed.pipelining's B keeps the
+// whole graph for W (retain_graph=True), so a session would hold everything
+// B recomputed until W: on the default GPT block ~4.0 MiB per block and
+// micro-batch where W reads ~2.25.
+//
+// Which tensors W reads is known only once a W has run: pass_reads() is what
+// the latest pass of a session unpacked (reset when a scope opens), per
+// registered checkpoint and slot. The session keeps each checkpoint's reads
+// beside it (Registration::reads), so a W that frees checkpoints as it goes
+// (torch's W runs without retain_graph) is seen whole after it ends; the
+// entries of freed checkpoints go when the session next forgets them (a
+// scope opens, many checkpoints register, clear_session), so read them right
+// after the pass. A caller that runs the same forward again
+// (a pipeline stage's next micro-batch) passes what an earlier W read to
+// keep_only() after the next B, and the session drops the rest. Nothing is
+// inferred from names or shapes: the mask is what that W did read, and a
+// mask that does not fit the session (another number of checkpoints or of
+// saved tensors) drops nothing. Should W read a dropped tensor after all
+// (a graph that differs in what it needs though not in its shape), the
+// unpack recomputes the checkpoint for that graph task, as a checkpoint
+// outside any session does, and counts a trim miss: more work, the same
+// values, and the caller sees it in session_stats() and in the next
+// pass_reads() (the miss marks the slot read), so it can keep more next
+// time.
+
+#include <prefire/errors.h>
+#include <prefire/session.h>
+
+#include "checkpoint/frame.h"
+#include "session/session.h"
+
+#include <string>
+
+namespace prefire {
+
+SavedTensorMask pass_reads(SessionId id) {
+  detail::check_session_id(id, "pass_reads");
+  std::unique_lock<std::mutex> lock;
+  auto session = detail::lock_existing_session(id, lock);
+  if (!session) return {};
+  SavedTensorMask reads;
+  reads.reserve(session->reads.size());
+  for (const auto& r : session->reads) reads.push_back(r->get());
+  return reads;
+}
+
+bool keep_only(SessionId id, const SavedTensorMask& keep) {
+  detail::check_session_id(id, "keep_only");
+  std::unique_lock<std::mutex> lock;
+  auto session = detail::lock_existing_session(id, lock);
+  if (!session) return keep.empty();
+  if (session->scope_open) {
+    throw CheckpointError("prefire::keep_only: session " + std::to_string(id) +
+                          " has an open SessionScope; call it between passes");
+  }
+  if (session->reads.size() != keep.size()) return false;
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (session->reads[i]->size() != keep[i].size()) return false;
+  }
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (auto frame = session->frames[i].lock()) {
+      if (auto registration = frame->registration_in(*session->core)) registration->recomputation.keep_only(keep[i]);
+    }
+  }
+  return true;
+}
+
+}  // namespace prefire
