@@ -96,7 +96,7 @@ Note [What a session keeps for W]
 torch's B keeps the stage's whole graph for W (``retain_graph=True``), so a
 session would hold all B recomputed until W, though W reads only what the
 weight gradients need (Note [A session keeps what the next pass reads] in
-src/session/keep_only.cpp: ~56 % of it on the default GPT block). So each
+src/session/keep_only.cpp: about half of it on the default GPT block). So each
 stage learns, from its W's (``_C.pass_reads`` after W, the union over every
 W of a forward that saves the same tensors), what a W reads, and after each
 later B its session keeps only that (``_C.keep_only``). The first W of a
@@ -484,7 +484,7 @@ def _stages_of(schedule) -> List[Any]:
 
 def _check_hook_points(stages: List[Any], schedule: Any = None) -> None:
     """The stage methods enable() wraps, with the arguments it reads, and
-    where a schedule whose last stage is on this rank keeps its losses."""
+    where the last stage, when on this rank, keeps its outputs and losses."""
     for stage in stages:
         if stage.is_last and not isinstance(getattr(stage, "output_chunks", None), list):
             raise RuntimeError(f"prefire.pipelining: {type(stage).__name__} keeps no output_chunks list in torch "
