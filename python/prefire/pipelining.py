@@ -485,11 +485,6 @@ def _stages_of(schedule) -> List[Any]:
 def _check_hook_points(stages: List[Any], schedule: Any = None) -> None:
     """The stage methods enable() wraps, with the arguments it reads, and
     where the last stage, when on this rank, keeps its outputs and losses."""
-    for stage in stages:
-        if stage.is_last and not isinstance(getattr(stage, "output_chunks", None), list):
-            raise RuntimeError(f"prefire.pipelining: {type(stage).__name__} keeps no output_chunks list in torch "
-                               f"{torch.__version__}; prefire lets go of each micro-batch's output graph after its W "
-                               "there (Note [The last stage lets go of its graph after W])")
     if schedule is not None and any(s.is_last for s in stages) and \
             not isinstance(getattr(schedule, "_internal_losses", None), list):
         raise RuntimeError(f"prefire.pipelining: {type(schedule).__name__} keeps no _internal_losses list in torch "
@@ -500,6 +495,10 @@ def _check_hook_points(stages: List[Any], schedule: Any = None) -> None:
             if not callable(getattr(stage, name, None)):
                 raise RuntimeError(f"prefire.pipelining: {type(stage).__name__} has no method {name} in torch "
                                    f"{torch.__version__}; prefire cannot hook into this schedule's stages")
+        if stage.is_last and not isinstance(getattr(stage, "output_chunks", None), list):
+            raise RuntimeError(f"prefire.pipelining: {type(stage).__name__} keeps no output_chunks list in torch "
+                               f"{torch.__version__}; prefire lets go of each micro-batch's output graph after its W "
+                               "there (Note [The last stage lets go of its graph after W])")
         # the class's method: an instance may hold a wrapper (prefire's, or another library's)
         params = list(inspect.signature(type(stage).backward_one_chunk).parameters)[1:]
         if params[:3] != ["bwd_chunk_id", "loss", "full_backward"]:
@@ -597,12 +596,10 @@ class Pipelining:
         stage lets go of its graph after W])."""
         let_go = False
         outputs = stage.output_chunks
-        if 0 <= micro_batch < len(outputs):
-            held = [t for t in tree_flatten(outputs[micro_batch])[0] if isinstance(t, torch.Tensor)
-                    and t.grad_fn is not None]
-            if held:
-                outputs[micro_batch] = tree_map_only(torch.Tensor, torch.Tensor.detach, outputs[micro_batch])
-                let_go = True
+        if 0 <= micro_batch < len(outputs) and any(isinstance(t, torch.Tensor) and t.grad_fn is not None
+                                                     for t in tree_flatten(outputs[micro_batch])[0]):
+            outputs[micro_batch] = tree_map_only(torch.Tensor, torch.Tensor.detach, outputs[micro_batch])
+            let_go = True
         losses = getattr(self.schedule, "_internal_losses", None)
         if isinstance(losses, list) and 0 <= micro_batch < len(losses):
             loss = losses[micro_batch]

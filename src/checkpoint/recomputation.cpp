@@ -121,12 +121,14 @@ void Recomputation::end_pass() noexcept {
 
 void Recomputation::keep_only(const std::vector<bool>& keep) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
+  bool any = false;
   for (size_t slot = 0; slot < tensors_.size() && slot < keep.size(); ++slot) {
     if (keep[slot]) continue;
     drop_locked(slot);
     trimmed_[slot] = 1;
-    any_trimmed_.store(true, std::memory_order_release);
+    any = true;
   }
+  if (any) any_trimmed_.store(true, std::memory_order_release);
 }
 
 bool Recomputation::trimmed(size_t slot) {

@@ -75,9 +75,9 @@ class Recomputation {
   std::optional<at::Tensor> take_for_pass(size_t slot);
   /// Drops, for good, every slot take_for_pass() handed out.
   void end_pass() noexcept;
-  /// Drops, for the rest of this computation, every slot `keep` leaves out
-  /// (Note [A session keeps what the next pass reads] in session/keep_only.cpp).
-  /// `keep` has num_slots() entries.
+  /// Drops, for the rest of this computation, every slot `keep` (by slot)
+  /// leaves out (Note [A session keeps what the next pass reads] in
+  /// session/keep_only.cpp); a computation not run yet has nothing to drop.
   void keep_only(const std::vector<bool>& keep) noexcept;
   /// Whether keep_only() dropped `slot` (no lock unless keep_only() ran: the unpack path asks).
   bool trimmed(size_t slot);

@@ -47,8 +47,8 @@ SavedTensorMask pass_reads(SessionId id) {
   auto session = detail::lock_existing_session(id, lock);
   if (!session) return {};
   SavedTensorMask reads;
-  reads.reserve(session->reads.size());
-  for (const auto& r : session->reads) reads.push_back(r->get());
+  reads.reserve(session->frames.size());
+  for (const auto& registered : session->frames) reads.push_back(registered.reads->get());
   return reads;
 }
 
@@ -61,12 +61,13 @@ bool keep_only(SessionId id, const SavedTensorMask& keep) {
     throw CheckpointError("prefire::keep_only: session " + std::to_string(id) +
                           " has an open SessionScope; call it between passes");
   }
-  if (session->reads.size() != keep.size()) return false;
+  const auto& registered = session->frames;
+  if (registered.size() != keep.size()) return false;
   for (size_t i = 0; i < keep.size(); ++i) {
-    if (session->reads[i]->size() != keep[i].size()) return false;
+    if (registered[i].reads->size() != keep[i].size()) return false;
   }
   for (size_t i = 0; i < keep.size(); ++i) {
-    if (auto frame = session->frames[i].lock()) {
+    if (auto frame = registered[i].frame.lock()) {
       if (auto registration = frame->registration_in(*session->core)) registration->recomputation.keep_only(keep[i]);
     }
   }

@@ -104,8 +104,7 @@ std::vector<std::shared_ptr<Registration>> Session::register_locked(const std::v
       if (!is_new) continue;
       added.push_back(frame);
       if (frames.size() >= 64 && frames.size() % 64 == 0) prune_locked();
-      frames.push_back(frame);
-      reads.push_back(registrations.back()->reads);
+      frames.push_back({frame, registrations.back()->reads});
       if (scope_open) frame->bind(true);
     }
   } catch (...) {
@@ -119,26 +118,12 @@ std::vector<std::shared_ptr<Registration>> Session::register_locked(const std::v
 void Session::unregister_locked(const std::vector<std::shared_ptr<Frame>>& to_remove) {
   for (const auto& frame : to_remove) {
     frame->unregister(*core);
-    erase_locked([&](const std::weak_ptr<Frame>& f) { return refers_to(f, frame); });
+    std::erase_if(frames, [&](const Registered& r) { return refers_to(r.frame, frame); });
   }
 }
 
 void Session::prune_locked() {
-  erase_locked([](const std::weak_ptr<Frame>& f) { return f.expired(); });
-}
-
-void Session::erase_locked(c10::function_ref<bool(const std::weak_ptr<Frame>&)> which) {
-  size_t kept = 0;
-  for (size_t i = 0; i < frames.size(); ++i) {
-    if (which(frames[i])) continue;
-    if (kept != i) {  // a self-move would empty a weak_ptr
-      frames[kept] = std::move(frames[i]);
-      reads[kept] = std::move(reads[i]);
-    }
-    ++kept;
-  }
-  frames.resize(kept);
-  reads.resize(kept);
+  std::erase_if(frames, [](const Registered& r) { return r.frame.expired(); });
 }
 
 bool Session::empty_locked() {
@@ -203,10 +188,10 @@ SessionScope::SessionScope(SessionId id, SessionOptions options) {
   session->scope_open = true;
   session->core->retain_on_unpack.store(options.retain_on_unpack, std::memory_order_release);
   session->prune_locked();
-  for (const auto& weak : session->frames) {
-    if (auto frame = weak.lock()) frame->bind(true);
+  for (const auto& registered : session->frames) {
+    if (auto frame = registered.frame.lock()) frame->bind(true);
+    registered.reads->clear();  // a pass begins
   }
-  for (const auto& reads : session->reads) reads->clear();  // a pass begins
   lock.unlock();
   session_ = std::move(session);
   detail::this_thread().session_scope = this;
@@ -222,8 +207,8 @@ SessionScope::~SessionScope() {
     std::lock_guard<std::mutex> lock(session_->mu);
     // See Note [The last pass lets go when it ends].
     const bool last_pass = !session_->core->retain_on_unpack.load(std::memory_order_acquire);
-    for (const auto& weak : session_->frames) {
-      if (auto frame = weak.lock()) {
+    for (const auto& registered : session_->frames) {
+      if (auto frame = registered.frame.lock()) {
         frame->bind(false);
         if (last_pass) frame->end_pass(*session_->core);
       }
@@ -245,12 +230,11 @@ void clear_session(SessionId id) {
     throw CheckpointError("prefire::clear_session: session " + std::to_string(id) +
                           " has an open SessionScope; clear it after the scope closes");
   }
-  std::vector<std::weak_ptr<detail::Frame>> frames;
+  std::vector<detail::Session::Registered> frames;
   frames.swap(session->frames);
-  session->reads.clear();
   lock.unlock();
-  for (const auto& weak : frames) {
-    if (auto frame = weak.lock()) frame->unregister(*session->core);
+  for (const auto& registered : frames) {
+    if (auto frame = registered.frame.lock()) frame->unregister(*session->core);
   }
   detail::end_if_empty(session);
 }
@@ -282,7 +266,7 @@ SessionStats session_stats(SessionId id) {
   stats.hits = core.hits.load();
   stats.refused_prefires = core.refused_prefires.load();
   stats.trim_misses = core.trim_misses.load();
-  for (const auto& weak : session->frames) stats.checkpoints += weak.expired() ? 0 : 1;
+  for (const auto& registered : session->frames) stats.checkpoints += registered.frame.expired() ? 0 : 1;
   stats.budget_bytes = session->budget;
   return stats;
 }

@@ -64,8 +64,6 @@
 
 #include "checkpoint/registration.h"
 
-#include <c10/util/FunctionRef.h>
-
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -83,10 +81,13 @@ class Session {
   SessionId id() const { return core->id; }
 
   std::mutex mu;  // guards the fields below
-  std::vector<std::weak_ptr<Frame>> frames;  // registered checkpoints, nested ones included, in order
-  // What the latest pass read of each of `frames` (the same index), kept
-  // while the entry is: see Note [A session keeps what the next pass reads].
-  std::vector<std::shared_ptr<SlotReads>> reads;
+  /// A registered checkpoint, with what the latest pass read of it (kept
+  /// while the entry is: see Note [A session keeps what the next pass reads]).
+  struct Registered {
+    std::weak_ptr<Frame> frame;
+    std::shared_ptr<SlotReads> reads;
+  };
+  std::vector<Registered> frames;  // registered checkpoints, nested ones included, in order
   bool scope_open = false;
   std::optional<int64_t> budget;  // bytes: the registry's budget of this id, copied to be read under `mu`
   int64_t charged = 0;            // bytes: forward bytes of prefires running now; see Note [Session budgets]
@@ -103,8 +104,6 @@ class Session {
   void unregister_locked(const std::vector<std::shared_ptr<Frame>>& frames);
   /// Forgets checkpoints whose graphs were freed. Caller holds `mu`.
   void prune_locked();
-  /// Removes the entries of `frames` (and `reads`) that `which` picks. Caller holds `mu`.
-  void erase_locked(c10::function_ref<bool(const std::weak_ptr<Frame>&)> which);
   /// Whether the session may leave the registry (after pruning). Caller holds `mu`.
   bool empty_locked();
 };
