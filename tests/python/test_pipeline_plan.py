@@ -350,6 +350,28 @@ def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(n
     assert searched["plan-selective 200%"]["plans_tried"] == (3 ** blocks) ** 2
 
 
+def test_a_uniform_budget_gives_every_rank_the_share_of_the_most_none_held_on_any(no_children_left):
+    """uniform_budget: one budget for every rank (what an SPMD script passes),
+    a share of the most none held on any rank, where the default gives each
+    rank a share of its own."""
+    from prefire.pipeline import run
+    from prefire.pipeline.config import RunConfig
+    from prefire.pipeline.sweep import rows
+
+    summaries = {uniform: run(RunConfig(model=TINY, schedule="zbv", modes=("none", "plan"), memory_budgets=(1.0,),
+                                        uniform_budget=uniform, meter_blocks=True, steps=2, warmup=2,
+                                        timeout_s=120), world=2)
+                 for uniform in (False, True)}
+    assert no_children_left()
+    own, uniform = (rows(summaries[u])[0] for u in (False, True))
+    none = [[r["peak_held_bytes"] for r in summaries[u]["modes"]["none"]["ranks"]] for u in (False, True)]
+    assert none[0] == none[1] and min(none[0]) < max(none[0])  # the ranks hold apart: the test tells the two
+    assert own["budgets"] == none[0]
+    assert uniform["budgets"] == [max(none[1])] * 2
+    for r in (own, uniform):
+        assert r["within_budget"] and r["exact"], r
+
+
 def test_bubble_prefires_under_a_memory_budget_keep_it_on_two_ranks_with_exact_gradients(no_children_left):
     """enable(schedule, bubble=True, memory_budget=...): bubble prefires
     hold their recomputations in the sessions, within what the plan left

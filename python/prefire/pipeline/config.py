@@ -53,6 +53,10 @@ class RunConfig:
     #: keeping every block holds by the plan's count), the least plan if
     #: that is more; set after the plan's measuring step (its first)
     memory_budgets: Tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    #: plan mode: every rank gets one budget, that share of the most none
+    #: mode held on any rank (what an SPMD script passes every rank: a
+    #: device's memory), in place of a share of what none held on the rank
+    uniform_budget: bool = False
     #: every block runs in a SavedTensorMeter, so peak_held_bytes counts the
     #: blocks' activations, and the stages let go of a step's state after it
     #: (the memory sweep; the budget mode reads recomputed bytes alone)

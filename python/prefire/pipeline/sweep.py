@@ -1,7 +1,8 @@
 """The pipeline program's memory sweep: ``python -m prefire.pipeline.sweep``.
 
-For each memory budget (a share of what none mode held on the rank, the
-least plan where that is less), prefire's plan (``enable(schedule, memory_budget=...)``)
+For each memory budget (a share of what none mode held on the rank, or
+with --uniform-budget one budget for every rank, that share of the most none
+held on any rank; the least plan where that is less), prefire's plan (``enable(schedule, memory_budget=...)``)
 next to the configurations a user writes with torch's checkpoint (every
 block, every n-th block for n = 2, 3, 4, none) that fit the same budget on
 every rank: peak activation bytes per rank (the census of the blocks' saved
@@ -139,6 +140,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="also each budget's plan with bubble=True (prefire in bubbles within what the plan leaves)")
     p.add_argument("--selective", action="store_true",
                    help="also each budget's plan with selective=True (a block may be checkpointed selectively)")
+    p.add_argument("--uniform-budget", action="store_true",
+                   help="one budget for every rank: each fraction of the most none held on any rank (what an SPMD "
+                        "script passes), not of what none held on each rank")
     p.add_argument("--tiny", action="store_true", help="a tiny model (the test's)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plot", metavar="PATH")
@@ -149,7 +153,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     modes = TORCH + ("session", "plan") + (("plan-bubble",) if a.bubble else ()) + \
         (("plan-selective",) if a.selective else ())
     config = RunConfig(model=model, schedule=a.schedule, modes=modes, steps=a.steps, warmup=a.warmup,
-                       memory_budgets=fractions, meter_blocks=True, timeout_s=600.0)
+                       memory_budgets=fractions, uniform_budget=a.uniform_budget, meter_blocks=True, timeout_s=600.0)
     try:
         summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as e:

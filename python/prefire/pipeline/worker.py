@@ -173,6 +173,10 @@ class ModeRun:
             # what none mode held on this rank so far, or without it what keeping every block holds by the plan
             most = (max(s["peak_held_bytes"] for s in self.none.steps) if self.none is not None and self.none.steps
                     else prefire.plan_bytes(costs, [False] * len(costs)))
+            if cfg.uniform_budget:  # one budget for every rank: a share of the most any rank held
+                most_t = torch.tensor([most], dtype=torch.int64)
+                dist.all_reduce(most_t, op=dist.ReduceOp.MAX)
+                most = int(most_t.item())
             sessions.set_memory_budget(max(least, int(self.budget_fraction * most)))
         for m in self.modules:
             m.zero_grad(set_to_none=True)
