@@ -211,6 +211,9 @@ def _mode_costs(policy_fn: Callable[..., Any]) -> ModeCosts:
                      / (2 * ops))
 
 
+_LEAST_SECONDS = 1e-6  # what a (selective) recomputation is taken to cost at least
+
+
 def selective_cost(probe: Optional[SelectiveProbe], costs: Optional[ModeCosts], input_bytes: int,
                    seconds: float) -> Tuple[int, float, float]:
     """(selective bytes, selective seconds, a whole recomputation's
@@ -219,5 +222,8 @@ def selective_cost(probe: Optional[SelectiveProbe], costs: Optional[ModeCosts], 
     (-1, 0, seconds): no selective checkpoint to choose."""
     if probe is None or costs is None:
         return -1, 0.0, seconds
-    whole = max(0.0, seconds - probe.ops * costs.probe)
-    return input_bytes + probe.bytes, max(0.0, whole - probe.kept_seconds) + 2 * probe.ops * costs.sac, whole
+    # a recomputation is never free: where the differences of noisy timings say so (a loaded machine), a
+    # least time keeps a plan from taking a checkpoint over keeping the block for nothing
+    whole = max(_LEAST_SECONDS, seconds - probe.ops * costs.probe)
+    return (input_bytes + probe.bytes,
+            max(_LEAST_SECONDS, max(0.0, whole - probe.kept_seconds) + 2 * probe.ops * costs.sac), whole)
