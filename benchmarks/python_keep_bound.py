@@ -3,9 +3,10 @@ memory budget, by any plan, even one that chooses per micro-batch: a bound
 on what a keep/checkpoint plan can save, on the planner's count (Note [What a
 plan holds] in src/memory/plan.cpp): after each of the rank's actions (torch's
 order), every pair alive there (between its F and its W) holds `kept` MiB if
-kept, `input` MiB if checkpointed, plus one pass, the checkpointed blocks of
-one (stage, micro-batch) recomputed together, the largest of them. Tries
-every choice (2^(blocks x stages x micro-batches)): small pipelines only.
+kept, `input` MiB if checkpointed; during each B, W or full backward, what
+was held before and after it, and that (stage, micro-batch)'s checkpointed
+blocks recomputed together. Tries every choice (2^(blocks x stages x
+micro-batches)): small pipelines only.
 
     PYTHONPATH=build/python ~/.cache/prefire/venv/bin/python benchmarks/python_keep_bound.py \
         --schedule zbv --kept 3.881 --input 0.126 --budgets 15.53,20.04
@@ -16,27 +17,36 @@ import argparse
 from prefire.pipeline.simulate import rank_orders
 
 
+def peak(order, keep, blocks, kept, inputs):
+    """The most the rank holds over its actions with the (stage, micro-batch, block) units ``keep`` kept."""
+    def held(live):
+        return sum(kept if (s, m, b) in keep else inputs for s, m in live for b in range(blocks))
+
+    live, most = set(), 0.0
+    for kind, s, m in order:
+        before = held(live)
+        if kind == "F":
+            live.add((s, m))
+        elif kind in ("W", "BW"):
+            live.discard((s, m))
+        after = held(live)
+        most = max(most, after)
+        if kind != "F":  # a pass: this micro-batch's checkpointed blocks of the stage
+            most = max(most, max(before, after) + kept * sum((s, m, b) not in keep for b in range(blocks)))
+    return most
+
+
 def most_kept(order, blocks, micro_batches, kept, inputs, budget):
     stages = sorted({s for _, s, _ in order})
-    live, now = [], set()
-    for kind, s, m in order:
-        if kind == "F":
-            now.add((s, m))
-        elif kind in ("W", "BW"):
-            now.discard((s, m))
-        live.append(set(now))
     units = [(s, m, b) for s in stages for m in range(micro_batches) for b in range(blocks)]
     best = (0, None, [])
     for mask in range(1 << len(units)):
         keep = {u for i, u in enumerate(units) if mask >> i & 1}
         if len(keep) <= best[0] and best[1] is not None:
             continue
-        one_pass = kept * max(sum((s, m, b) not in keep for b in range(blocks)) for s in stages
-                              for m in range(micro_batches))
-        peak = max(sum(kept if (s, m, b) in keep else inputs for s, m in at for b in range(blocks))
-                   for at in live) + one_pass
-        if peak <= budget:
-            best = (len(keep), peak, sorted(keep))
+        most = peak(order, keep, blocks, kept, inputs)
+        if most <= budget:
+            best = (len(keep), most, sorted(keep))
     return best
 
 

@@ -98,6 +98,40 @@ TEST(Plan, MomentsCountWhatIsHeldAtOnce) {
   EXPECT_THROW(prefire::plan_bytes({first, wrong}, {false, false}), std::invalid_argument);
 }
 
+TEST(Plan, PassesAreCountedWhereTheyRun) {
+  // one stage, two micro-batches: F0 F1 B0 W0 B1 W1; the most is held after both forwards, where no pass runs
+  const std::vector<int64_t> alive{1, 2, 2, 1, 1, 0};
+  const std::vector<int64_t> passes{0, 0, 1, 1, 1, 1};
+  BlockCost a{100, 10, 2.0, 2, 0, alive};
+  BlockCost b{100, 10, 1.0, 2, 0, alive};
+  EXPECT_EQ(prefire::plan_bytes({a, b}, {true, true}), 2 * 20 + 200);  // the largest pass at every moment
+  a.passes = b.passes = passes;
+  // B0: both micro-batches' inputs and the pass; W0: what was held before it (micro-batch 0 lets go as it ends)
+  EXPECT_EQ(prefire::plan_bytes({a, b}, {true, true}), 2 * 20 + 200);
+  EXPECT_EQ(prefire::plan_bytes({a, b}, {false, true}), 2 * 110 + 100);  // B0: a kept twice, b's pass
+  EXPECT_EQ(prefire::plan_bytes({a, b}, {false, false}), 2 * 200);       // after F1
+  // a pass that runs only once one micro-batch let go: B1 after W0 finds one in flight
+  const std::vector<int64_t> late{1, 2, 1, 1, 0, 0};  // F0 F1 W-like release, then B1's pass, W1
+  BlockCost c{100, 10, 1.0, 2, 0, late, {}, 0, 0, -1, 0.0, 0, {0, 0, 0, 1, 0, 0}};
+  EXPECT_EQ(prefire::plan_bytes({c}, {true}), 10 + 100);  // where the pass runs one input is held, not two
+  EXPECT_EQ(prefire::plan_bytes({c}, {true}, 1), 10 + 100 + 100);  // a prefire ahead at any moment
+  EXPECT_EQ(prefire::least_plan_bytes({c}), 110);
+  const prefire::Plan plan = prefire::plan_for_budget({c}, 110);
+  EXPECT_EQ(plan.checkpointed, std::vector<bool>{true});
+  EXPECT_EQ(plan.moment_bytes, (std::vector<int64_t>{10, 20, 10, 10, 0, 0}));  // the blocks alone
+  // every block or none, one per moment, none negative
+  BlockCost without = a;
+  without.passes.clear();
+  EXPECT_THROW(prefire::plan_bytes({a, without}, {true, true}), std::invalid_argument);
+  without.passes = {0, 1};
+  EXPECT_THROW(prefire::plan_bytes({a, without}, {true, true}), std::invalid_argument);
+  without.passes = {0, 0, -1, 1, 1, 1};
+  EXPECT_THROW(prefire::plan_bytes({a, without}, {true, true}), std::invalid_argument);
+  BlockCost timeless{100, 10, 1.0, 2, 0};
+  timeless.passes = passes;  // passes without moments
+  EXPECT_THROW(prefire::plan_bytes({timeless}, {true}), std::invalid_argument);
+}
+
 TEST(Plan, AllTheMemoryKeepsEverythingAndTheLeastCheckpointsEverything) {
   const auto blocks = transformer(8);
   const int64_t everything = 8 * (12 << 20);

@@ -41,6 +41,11 @@ struct BlockCost {
   int64_t selective_bytes = -1;       // bytes: what it holds instead (its inputs and the outputs it keeps); -1: none
   double selective_seconds = 0;       // seconds: what it adds to a step over keeping the block (its recomputation)
   int64_t selective_after_bytes = 0;  // bytes: of selective_bytes, the same as input_after_bytes
+  std::vector<int64_t> passes;  // optional, with alive: the passes that recompute the block (once checkpointed)
+                                // during the action that ends each moment (a pipeline stage's B, W or full
+                                // backward: 1); with them a plan holds a pass only where one runs (Note [What a
+                                // plan holds]); every block has them or none does; empty: the largest pass at
+                                // every moment
 };
 
 /// When a step lets go of what a block holds (Note [What a plan holds]).
@@ -55,6 +60,8 @@ struct Plan {
   int64_t peak_bytes = 0;          // bytes: the most the plan holds, by Note [What a plan holds]
   double recompute_seconds = 0;    // seconds: what it recomputes per micro-batch
   std::vector<bool> selective;     // per block: checkpointed selectively (only where checkpointed)
+  std::vector<int64_t> moment_bytes;  // Release::kAtStepEnd with moments: what the blocks hold at each one, the
+                                      // passes left out (what a runtime's sessions may add to within the budget)
 };
 
 /// Bytes the plan `checkpointed` holds at most with `prefire_ahead` blocks

@@ -55,7 +55,7 @@ class BlockCost:
     def __init__(self, saved_bytes: int, input_bytes: int, recompute_seconds: float, in_flight: int = 1,
                  group: int = -1, alive: List[int] = ..., done: List[int] = ..., saved_after_bytes: int = 0,
                  input_after_bytes: int = 0, selective_bytes: int = -1, selective_seconds: float = 0.0,
-                 selective_after_bytes: int = 0) -> None: ...
+                 selective_after_bytes: int = 0, passes: List[int] = ...) -> None: ...
     saved_bytes: int
     input_bytes: int
     recompute_seconds: float
@@ -63,6 +63,7 @@ class BlockCost:
     group: int
     alive: List[int]
     done: List[int]
+    passes: List[int]
     saved_after_bytes: int
     input_after_bytes: int
     selective_bytes: int
@@ -75,6 +76,7 @@ class Plan:
     peak_bytes: int
     recompute_seconds: float
     selective: List[bool]
+    moment_bytes: List[int]
 
 class Release(Enum):
     AT_STEP_END = ...

@@ -15,22 +15,30 @@ close, is the most one of its sessions held; ``pass_bytes`` the most of all
 stages.
 
 Both decisions walk the rank's actions in the schedule's own order
-(``_walk``): each B or full backward holds its stage's need less what is
-prefired of it while it runs, and a B keeps that for W, or what its stage's
-sessions kept after B once they keep only what W reads (``kept``, Note
-[What a session keeps for W] in ``pipelining.py``); each W lets go of its
-micro-batch, and holds its stage's need while it runs if it recomputes.
+(``_headroom``): each B or full backward holds its stage's need less what
+is prefired of it while it runs; each W lets go of its micro-batch, and
+holds its stage's need while it runs if it recomputes.
   * After B, a micro-batch keeps its recomputation for W only if the rank
-    stays within N until its next B ends. Otherwise the session is cleared
-    and its checkpoints join a fresh session that W recomputes into (two
-    recomputations instead of one, still fewer than torch's checkpoint,
-    which recomputes for B and for each weight group).
+    stays within N until that W, every other micro-batch at its floor
+    meanwhile: a later B lets go of its recomputation and its W
+    recomputes. That floor is what the later decisions can always fall
+    back to, so no later moment finds the kept session over N. Otherwise
+    the session is cleared and its checkpoints join a fresh session that
+    W recomputes into (two recomputations instead of one, still fewer than
+    torch's checkpoint, which recomputes for B and for each weight group).
   * A bubble prefire into a micro-batch's session may fill it up to what
     keeps the rank within N from now until that micro-batch's B, every B
-    before it keeping its recomputation for W (the session's budget is set
+    before it keeping its recomputation for W (what its stage's sessions
+    kept after B once they keep only what W reads: ``kept``, Note [What a
+    session keeps for W] in ``pipelining.py``; the session's budget is set
     to that right before; the runtime refuses a prefire over it and the
     rest stays B's). "Now" is the rank's place in its actions, counted by
     the stage wrappers (``ran``).
+Under a memory plan (``enable(memory_budget=...)``, Note [A pipeline rank's
+memory plan] in _pipeline_plan.py) N is the memory budget less what the
+plan's blocks hold at each action (``set(blocks_at=...)``): more room where
+few micro-batches are in flight, and the plan already counted each pass
+where it runs.
 What a B keeps for W saves a recomputation; a bubble prefire only moves one
 off the critical path. So the keep decision must not depend on when the
 bubbles fell (a slow machine prefires at other moments than a fast one):
@@ -51,7 +59,7 @@ that recomputes all-gathers nothing (tests/python/test_fsdp.py).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _C
 from ._order import Action
@@ -73,6 +81,7 @@ class RankBudget:
         order (None: the schedule keeps no order); ``holds(mb)``: the bytes
         a micro-batch's session holds now."""
         self.bytes = budget_bytes
+        self.blocks_at: Optional[List[int]] = None  # a memory plan's blocks after each action (set())
         self.pending = pending
         self.holds = holds
         self.stage_bytes: Dict[int, int] = {}   # a stage's need: the most one of its sessions held
@@ -87,11 +96,26 @@ class RankBudget:
     def pass_bytes(self) -> int:
         return max(self.stage_bytes.values(), default=0)
 
-    def set(self, budget_bytes: Optional[int], warn: bool = True) -> None:
+    def set(self, budget_bytes: Optional[int], warn: bool = True, blocks_at: Optional[List[int]] = None) -> None:
         """A new budget; ``warn=False``: a budget below the floor on purpose
-        (a memory plan's measuring step), said nothing of."""
+        (a memory plan's measuring step), said nothing of. ``blocks_at``:
+        what a memory plan's blocks hold after each of the rank's actions
+        (``Plan.moment_bytes``); the sessions then hold at most the budget
+        less that, action by action."""
         self.bytes = budget_bytes
-        self._warned = not warn
+        self.blocks_at = blocks_at
+        self._warned = not warn or blocks_at is not None  # the plan counted its passes where they run
+
+    def _room(self, at: Optional[int]) -> int:
+        """What the sessions may hold while the action at index ``at``
+        runs (None: anywhere in the step)."""
+        assert self.bytes is not None
+        blocks = self.blocks_at
+        if not blocks:
+            return self.bytes
+        if at is None or len(blocks) != len(self.actions()) or not 0 <= at < len(blocks):
+            return self.bytes - max(blocks)
+        return self.bytes - max(blocks[at], blocks[at - 1] if at > 0 else 0)
 
     def expect(self, stage_bytes: Dict[int, int]) -> None:
         """What a pass of each stage will hold from now on (a new memory
@@ -143,8 +167,8 @@ class RankBudget:
         held.pop(key, None)
         b_at = self._b_at.get(key)
         if self._at is None or b_at is None or b_at < self._at:
-            return max(0, self.bytes - self.pass_bytes - sum(held.values()))
-        return max(0, self.bytes - self._walk(held, self.actions()[self._at:b_at], self.pass_bytes))
+            return max(0, self._room(None) - self.pass_bytes - sum(held.values()))
+        return max(0, self._headroom(held, self._at, b_at, self.pass_bytes, keep=True))
 
     def after_b(self, key: Key) -> Tuple[bool, List[Key]]:
         """After the B of ``key``: whether its session may keep its
@@ -157,16 +181,19 @@ class RankBudget:
             return True, []
         need = max(self.pass_bytes, holds)  # for a stage not seen close yet
         b_at = self._b_at.get(key) if self.actions() else None
+        w_at = next((i for i in range(b_at + 1, len(self.actions())) if self.actions()[i] == ("W", *key)),
+                    None) if b_at is not None else None
         last = len(self.actions())
         prefired = sorted((k for k, mb in pending.items() if k != key and not mb.kept_for_w and held[k] > 0),
                           key=lambda k: self._b_at.get(k, last), reverse=True)
         let_go: List[Key] = []
         while True:
-            if b_at is None:
-                peak = sum(held.values()) + need
+            if w_at is None:
+                fits = sum(held.values()) + need <= self._room(None)
             else:
-                peak = self._walk(held, self.actions()[b_at + 1:], need, until_b=True)
-            if peak <= self.bytes:
+                # up to its W, which lets go of it: every other micro-batch at its floor meanwhile
+                fits = self._headroom(held, b_at + 1, w_at, need, keep=False, now=b_at) >= 0
+            if fits:
                 return True, let_go
             if not prefired:
                 return False, []
@@ -177,23 +204,29 @@ class RankBudget:
     def _held(self) -> Dict[Key, int]:
         return {k: self.holds(mb) for k, mb in self.pending().items()}
 
-    def _walk(self, held: Dict[Key, int], actions: Iterable[Action], unseen_need: int,
-              until_b: bool = False) -> int:
-        """The most the rank holds over ``actions`` from ``held`` (Note [A
-        rank's byte budget]); ``until_b``: up to the end of the first B or
-        full backward. A stage not seen close yet needs ``unseen_need``."""
+    def _headroom(self, held: Dict[Key, int], begin: int, end: int, unseen_need: int, keep: bool,
+                  now: Optional[int] = None) -> int:
+        """The least room the sessions leave of the budget from now (the
+        rank about to run action ``begin``, or running ``now``), holding
+        ``held``, through the actions ``begin:end`` (Note [A rank's byte
+        budget]). Each B or full backward holds its stage's need less what
+        is prefired of it while it runs, and each W that recomputes its
+        stage's need; ``keep``: a later B keeps what it recomputed for W
+        (what its stage's trimmed sessions keep), else it lets go and its W
+        recomputes. A stage not seen close yet needs ``unseen_need``."""
         pending = self.pending()
+        actions = self.actions()
         held = dict(held)
-        total = peak = sum(held.values())
-        for kind, stage, mb in actions:
+        total = sum(held.values())
+        least = self._room(begin if now is None else now) - total
+        for at in range(begin, end):
+            kind, stage, mb = actions[at]
             k = (stage, mb)
-            need = self.stage_bytes.get(stage) or unseen_need
+            need = self.stage_bytes.get(stage, unseen_need)
             if kind in ("B", "BW"):
                 add = max(0, need - held.get(k, 0))
-                peak = max(peak, total + add)
-                if until_b:
-                    break
-                if kind == "B":  # kept for W: all it held, or what its stage's trimmed sessions keep
+                least = min(least, self._room(at) - total - add)
+                if kind == "B" and keep:  # kept for W: all it held, or what its stage's trimmed sessions keep
                     after = held.get(k, 0) + add
                     after = min(after, self.kept_bytes.get(stage, after))
                     total += after - held.get(k, 0)
@@ -201,10 +234,14 @@ class RankBudget:
                 else:
                     total -= held.pop(k, 0)
             elif kind == "W":
-                if k in pending and pending[k].w_recomputes:
-                    peak = max(peak, total + need)
+                kept = k in pending and pending[k].kept_for_w
+                recomputes = k in pending and pending[k].w_recomputes if keep else not kept
                 total -= held.pop(k, 0)
-        return peak
+                if recomputes:
+                    least = min(least, self._room(at) - total - need)
+            else:
+                least = min(least, self._room(at) - total)
+        return least
 
     def closed(self, stage: int, peak_bytes: int) -> None:
         """A session of ``stage`` closed after holding at most ``peak_bytes``."""

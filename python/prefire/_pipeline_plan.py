@@ -43,10 +43,14 @@ before the plan that counts it; a stage's checkpointed blocks are one
 group, since its B recomputes them into one session. What the plan leaves
 of the budget is the rank's byte budget for sessions (Note [A rank's byte
 budget] in _budget.py): it decides which B keeps its recomputation for W
-and how far bubble prefires may go. The plan counts one pass; so the
-budget holds at every step, the measuring one included, for any budget at
-or above what checkpointing everything holds; a budget below the least
-plan raises at the end of its measuring step, naming that least.
+and how far bubble prefires may go, action by action: the plan counts
+each stage's pass where the rank runs it (its B, W or full backward:
+Note [What a plan holds] in src/memory/plan.cpp), and leaves the
+sessions what the blocks do not hold at each moment (``Plan.moment_bytes``).
+So the budget holds at every step, the measuring one included, for any
+budget at or above what checkpointing everything holds; a budget below
+that raises at the end of its measuring step, naming it (a plan that keeps
+some blocks may hold less still, but the measuring step checkpoints them).
 
 With ``selective=`` a block has a third choice, a selective checkpoint
 (torch's SAC by a policy: Note [Selective checkpoints in a plan] in
@@ -127,8 +131,8 @@ class RankPlan:
     plan: _C.Plan
     checkpointed: Dict[int, List[bool]]  # selectively or not
     selective: Dict[int, List[bool]]
-    blocks_bytes: int    # what the blocks hold, the plan's recomputation left out
-    session_bytes: int   # the rest of the budget: the rank's sessions'
+    blocks_bytes: int    # the most the blocks hold, the plan's recomputation left out
+    session_bytes: int   # the rest of the budget there: the rank's sessions' (more where the blocks hold less)
 
 
 class _StageForward:
@@ -320,6 +324,7 @@ class RankPlanner:
         costs: List[_C.BlockCost] = []
         for stage, signature in key:
             moments, done = alive(self._actions, stage)  # empty without an order of actions: every micro-batch
+            passes = [int(s == stage and kind in ("B", "W", "BW")) for kind, s, _ in self._actions]
             flight = max(moments, default=self.micro_batches) or 1
             measured = self._measured[(stage, signature)]
             # per choice, per block: what it holds (selective: -1 where a block has none)
@@ -336,14 +341,14 @@ class RankPlanner:
                 costs.append(_C.BlockCost(
                     saved, inputs, statistics.median(r[2] for r in runs), flight, stage, moments, done, kept_after,
                     input_after, selective, statistics.median(r[4] for r in runs) if selective >= 0 else 0.0,
-                    selective_after if selective >= 0 else 0))
-        try:
-            plan = _C.plan_for_budget(costs, self.memory_budget, _C.Release.AT_STEP_END)
-        except ValueError:
-            least = _C.least_plan_bytes(costs, _C.Release.AT_STEP_END)
-            raise ValueError(f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below the least any "
-                             f"plan of this rank's blocks holds: {least} bytes for inputs {list(key)} (their inputs "
-                             f"and saved tensors, {len(costs)} blocks, as the measuring step found them)") from None
+                    selective_after if selective >= 0 else 0, passes))
+        least = _C.plan_bytes(costs, [True] * len(costs), 0, _C.Release.AT_STEP_END)  # as a measuring step runs
+        if self.memory_budget < least:
+            raise ValueError(f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below what this rank's "
+                             f"blocks hold with every one checkpointed, as a measuring step runs them: {least} bytes "
+                             f"for inputs {list(key)} (their inputs, and each stage's recomputation where it runs, "
+                             f"{len(costs)} blocks, as the measuring step found them)")
+        plan = _C.plan_for_budget(costs, self.memory_budget, _C.Release.AT_STEP_END)
         checkpointed: Dict[int, List[bool]] = {}
         selective: Dict[int, List[bool]] = {}
         at = 0
@@ -352,8 +357,11 @@ class RankPlanner:
             checkpointed[stage] = list(plan.checkpointed[at:at + n])
             selective[stage] = list(plan.selective[at:at + n])
             at += n
-        one_pass = max(_passes(costs, plan.checkpointed).values(), default=0)
-        blocks = _C.plan_bytes(costs, plan.checkpointed, 0, _C.Release.AT_STEP_END, plan.selective) - one_pass
+        if plan.moment_bytes:
+            blocks = max(plan.moment_bytes)
+        else:
+            one_pass = max(_passes(costs, plan.checkpointed).values(), default=0)
+            blocks = _C.plan_bytes(costs, plan.checkpointed, 0, _C.Release.AT_STEP_END, plan.selective) - one_pass
         chosen = RankPlan(key, costs, plan, checkpointed, selective, blocks, self.memory_budget - blocks)
         self._plans[key] = chosen
         self._use(chosen)
@@ -362,7 +370,10 @@ class RankPlanner:
 
     def _use(self, plan: RankPlan) -> None:
         self.budget.expect(_passes(plan.costs, plan.plan.checkpointed))
-        self.budget.set(plan.session_bytes)
+        if plan.plan.moment_bytes:  # the sessions hold what the blocks leave of the budget at each moment
+            self.budget.set(self.memory_budget, blocks_at=list(plan.plan.moment_bytes))
+        else:
+            self.budget.set(plan.session_bytes)
 
 
 def _choices_of(plan: RankPlan, stage: int) -> List[int]:
@@ -402,10 +413,10 @@ def describe(plan: RankPlan, memory_budget: int) -> str:
                 + (f" ({sel} selectively)" if sel else ""))
 
     stages = "; ".join(stage(s, ck) for s, ck in plan.checkpointed.items())
+    where = " where they hold the most" if plan.plan.moment_bytes else ""
     return (f"prefire.pipelining: memory budget {memory_budget} bytes: {stages}; the blocks hold at most "
-            f"{plan.blocks_bytes} bytes, one pass's recomputation and prefires {plan.plan.peak_bytes - plan.blocks_bytes}, the "
-            f"sessions may hold {plan.session_bytes}; recomputes {plan.plan.recompute_seconds * 1e3:.3f} ms per "
-            f"micro-batch")
+            f"{plan.blocks_bytes} bytes, with the passes {plan.plan.peak_bytes}, the sessions may hold "
+            f"{plan.session_bytes}{where}; recomputes {plan.plan.recompute_seconds * 1e3:.3f} ms per micro-batch")
 
 
 def check_memory_budget(memory_budget: Any) -> None:

@@ -345,15 +345,26 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](int64_t saved_bytes, int64_t input_bytes, double recompute_seconds, int64_t in_flight,
                        int64_t group, std::vector<int64_t> alive, std::vector<int64_t> done, int64_t saved_after_bytes,
                        int64_t input_after_bytes, int64_t selective_bytes, double selective_seconds,
-                       int64_t selective_after_bytes) {
-             return BlockCost{saved_bytes,       input_bytes,       recompute_seconds, in_flight,
-                              group,             std::move(alive),  std::move(done),   saved_after_bytes,
-                              input_after_bytes, selective_bytes,   selective_seconds, selective_after_bytes};
+                       int64_t selective_after_bytes, std::vector<int64_t> passes) {
+             return BlockCost{.saved_bytes = saved_bytes,
+                              .input_bytes = input_bytes,
+                              .recompute_seconds = recompute_seconds,
+                              .in_flight = in_flight,
+                              .group = group,
+                              .alive = std::move(alive),
+                              .done = std::move(done),
+                              .saved_after_bytes = saved_after_bytes,
+                              .input_after_bytes = input_after_bytes,
+                              .selective_bytes = selective_bytes,
+                              .selective_seconds = selective_seconds,
+                              .selective_after_bytes = selective_after_bytes,
+                              .passes = std::move(passes)};
            }),
            py::arg("saved_bytes"), py::arg("input_bytes"), py::arg("recompute_seconds"), py::arg("in_flight") = 1,
            py::arg("group") = -1, py::arg("alive") = std::vector<int64_t>{}, py::arg("done") = std::vector<int64_t>{},
            py::arg("saved_after_bytes") = 0, py::arg("input_after_bytes") = 0, py::arg("selective_bytes") = -1,
-           py::arg("selective_seconds") = 0.0, py::arg("selective_after_bytes") = 0)
+           py::arg("selective_seconds") = 0.0, py::arg("selective_after_bytes") = 0,
+           py::arg("passes") = std::vector<int64_t>{})
       .def_readonly("saved_bytes", &BlockCost::saved_bytes)
       .def_readonly("input_bytes", &BlockCost::input_bytes)
       .def_readonly("recompute_seconds", &BlockCost::recompute_seconds)
@@ -361,6 +372,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("group", &BlockCost::group)
       .def_readonly("alive", &BlockCost::alive)
       .def_readonly("done", &BlockCost::done)
+      .def_readonly("passes", &BlockCost::passes)
       .def_readonly("saved_after_bytes", &BlockCost::saved_after_bytes)
       .def_readonly("input_after_bytes", &BlockCost::input_after_bytes)
       .def_readonly("selective_bytes", &BlockCost::selective_bytes)
@@ -371,7 +383,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("prefire_ahead", &Plan::prefire_ahead)
       .def_readonly("peak_bytes", &Plan::peak_bytes)
       .def_readonly("recompute_seconds", &Plan::recompute_seconds)
-      .def_readonly("selective", &Plan::selective);
+      .def_readonly("selective", &Plan::selective)
+      .def_readonly("moment_bytes", &Plan::moment_bytes);
   py::enum_<Release>(m, "Release")
       .value("AT_STEP_END", Release::kAtStepEnd)
       .value("IN_BACKWARD", Release::kInBackward);

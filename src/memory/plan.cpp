@@ -27,6 +27,23 @@
 //      checkpointed blocks together (a pipeline stage's B recomputes all of
 //      them into one session and keeps them for W), a block without a
 //      group alone;
+//    or, where the blocks say when their passes run (BlockCost::passes: a
+//    pipeline rank knows which action recomputes which stage), a pass only
+//    at its own moments: the most over t of
+//        what the blocks hold at t, and where passes run during the action
+//        that ends at t, the more of what they held before and after it
+//        (a W's micro-batch lets go when it ends) + the saved bytes of the
+//        checkpointed blocks those passes recompute
+//      + ahead * the largest pass (prefires, at any moment).
+//    A pipeline rank holds the most after its last forwards, where no
+//    pass of the stages that hold it runs; counting the largest pass there
+//    too charged ZBV's ranks a whole stage's recomputation they never
+//    hold at that moment, and kept them from keeping blocks that fit
+//    (docs/benchmarks.md, "Passes where they run"). What a runtime holds
+//    beyond the passes (a B's recomputation kept for W, a prefire) must
+//    then fit what the blocks leave at each moment it is held
+//    (Plan::moment_bytes; Note [A rank's byte budget] in
+//    python/prefire/_budget.py);
 //  * kInBackward (one backward pass of one micro-batch, last block first):
 //    block j's backward finds only blocks 0..j holding (the blocks above it
 //    let go after their backward), so a plan holds the most of
@@ -117,6 +134,11 @@ size_t moments(const std::vector<BlockCost>& blocks) {
   return 0;
 }
 
+// Whether the blocks say when their passes run (BlockCost::passes).
+bool timed_passes(const std::vector<BlockCost>& blocks) {
+  return std::any_of(blocks.begin(), blocks.end(), [](const BlockCost& b) { return !b.passes.empty(); });
+}
+
 void check(const std::vector<BlockCost>& blocks, Release release) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
@@ -130,6 +152,11 @@ void check(const std::vector<BlockCost>& blocks, Release release) {
     if (!b.alive.empty() && (release == Release::kInBackward || b.alive.size() != moments(blocks))) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + "'s moments (alive) must be as "
                                   "many as every other block's, and only with Release::kAtStepEnd");
+    }
+    if ((timed_passes(blocks) && (b.alive.empty() || b.passes.size() != b.alive.size())) ||
+        std::any_of(b.passes.begin(), b.passes.end(), [](int64_t p) { return p < 0; })) {
+      throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + ": passes must be given for every "
+                                  "block or none, one per moment of alive, none negative");
     }
     if ((!b.done.empty() && b.done.size() != b.alive.size()) ||
         std::any_of(b.done.begin(), b.done.end(), [](int64_t d) { return d < 0; }) || b.saved_after_bytes < 0 ||
@@ -165,22 +192,34 @@ int64_t add_product(int64_t a, int64_t b, int64_t c) {
   return sum;
 }
 
-// What a plan holds with Release::kAtStepEnd (Note [What a plan holds]).
-int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Options& options, int64_t ahead) {
-  const size_t n_moments = std::max<size_t>(1, moments(blocks));
-  std::vector<int64_t> at(n_moments, 0);           // what the blocks hold at each moment
-  int64_t pass = -1;                               // the largest pass; -1: nothing checkpointed
-  std::vector<std::pair<int64_t, int64_t>> groups;  // (group, its checkpointed blocks' saved bytes)
+// What the blocks hold at each moment of a step with Release::kAtStepEnd,
+// passes left out (one moment without BlockCost::alive).
+std::vector<int64_t> moment_bytes(const std::vector<BlockCost>& blocks, const Options& options) {
+  std::vector<int64_t> at(std::max<size_t>(1, moments(blocks)), 0);
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
     const int64_t bytes = held_bytes(b, options[i]);
     const int64_t after = after_bytes(b, options[i]);
-    for (size_t t = 0; t < n_moments; ++t) {
+    for (size_t t = 0; t < at.size(); ++t) {
       at[t] = add_product(at[t], b.alive.empty() ? b.in_flight : b.alive[t], bytes);
       if (!b.done.empty()) at[t] = add_product(at[t], b.done[t], after);
     }
+  }
+  return at;
+}
+
+// What a plan holds with Release::kAtStepEnd (Note [What a plan holds]).
+int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Options& options, int64_t ahead) {
+  const std::vector<int64_t> at = moment_bytes(blocks, options);
+  std::vector<int64_t> passing(at.size(), 0);      // with BlockCost::passes: what the passes ending there recompute
+  int64_t pass = -1;                               // the largest pass; -1: nothing checkpointed
+  std::vector<std::pair<int64_t, int64_t>> groups;  // (group, its checkpointed blocks' saved bytes)
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockCost& b = blocks[i];
     if (options[i] == kKeep) continue;
-    int64_t together = b.saved_bytes;  // a selective recomputation too (Note [Selective checkpoints in a plan])
+    // a selective recomputation too is charged all it saves (Note [Selective checkpoints in a plan])
+    for (size_t t = 0; t < b.passes.size(); ++t) passing[t] = add_product(passing[t], b.passes[t], b.saved_bytes);
+    int64_t together = b.saved_bytes;
     if (b.group >= 0) {
       auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == b.group; });
       if (it == groups.end()) it = groups.insert(groups.end(), {b.group, 0});
@@ -188,8 +227,14 @@ int64_t held_at_step_end(const std::vector<BlockCost>& blocks, const Options& op
     }
     pass = std::max(pass, together);
   }
-  const int64_t held = *std::max_element(at.begin(), at.end());
-  return pass < 0 ? held : add_product(held, 1 + ahead, pass);
+  if (pass < 0) return *std::max_element(at.begin(), at.end());
+  if (!timed_passes(blocks)) return add_product(*std::max_element(at.begin(), at.end()), 1 + ahead, pass);
+  int64_t held = 0;
+  for (size_t t = 0; t < at.size(); ++t) {
+    held = std::max(held, at[t]);
+    if (passing[t] > 0) held = std::max(held, add_product(std::max(at[t], t > 0 ? at[t - 1] : 0), 1, passing[t]));
+  }
+  return add_product(held, ahead, pass);
 }
 
 // What a plan holds with Release::kInBackward: when block j's backward runs, what blocks 0..j hold,
@@ -472,6 +517,7 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes,
     best.selective.push_back(o == kSelective);
   }
   best.peak_bytes = held(blocks, chosen, 0, release);
+  if (release == Release::kAtStepEnd && moments(blocks) > 0) best.moment_bytes = moment_bytes(blocks, chosen);
   best.recompute_seconds = recompute_seconds(blocks, chosen);
   // what is left goes to prefiring ahead
   const int64_t checkpoints = std::count(best.checkpointed.begin(), best.checkpointed.end(), true);

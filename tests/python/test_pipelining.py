@@ -566,3 +566,49 @@ def test_a_b_keeps_its_recomputation_for_w_whatever_the_bubble_prefires_hold():
     assert b.room_for_prefires((0, 2)) == 0   # B of mb 1 comes before it with 10 kept already
     b.ran(("W", 0, 0))  # not the schedule's order: back to keeping room for one pass
     assert b.room_for_prefires((0, 2)) == 10
+
+
+def test_under_a_memory_plan_the_sessions_hold_what_the_blocks_leave_at_each_action():
+    """Note [A rank's byte budget], under a memory plan: the sessions hold
+    at most the budget less what the plan's blocks hold at each action
+    (``blocks_at``), and a B keeps its recomputation for W only if every
+    action up to that W leaves room for it, the other micro-batches at their
+    floor (their B lets go, their W recomputes). Stage 0's need is 10."""
+    from prefire._budget import RankBudget
+    from prefire.pipelining import _MicroBatch
+
+    def budget(actions, n, blocks_at, held):
+        pending = {(0, m): _MicroBatch(m, ["h"]) for m in range(3)}
+        b = RankBudget(None, lambda: pending, lambda: actions, holds=lambda mb: held.get((0, mb.session), 0))
+        b.closed(0, 10)
+        b.set(n, blocks_at=blocks_at)
+        return b
+
+    # the blocks hold the most after F1, between B0 and W0: what B0 keeps must fit there too
+    actions = [("F", 0, 0), ("B", 0, 0), ("F", 0, 1), ("W", 0, 0), ("B", 0, 1), ("W", 0, 1)]
+    blocks_at = [50, 50, 100, 50, 50, 0]
+    assert budget(actions, 110, blocks_at, {(0, 0): 10}).after_b((0, 0)) == (True, [])
+    assert budget(actions, 109, blocks_at, {(0, 0): 10}).after_b((0, 0)) == (False, [])
+    # without blocks_at, the budget is the sessions' own at every action
+    assert budget(actions, 10, None, {(0, 0): 10}).after_b((0, 0)) == (True, [])
+    assert budget(actions, 9, None, {(0, 0): 10}).after_b((0, 0)) == (False, [])
+    # ... up to its W, past the next B: F2 brings the blocks' most after B1
+    actions = [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("B", 0, 1), ("F", 0, 2), ("W", 0, 0), ("W", 0, 1),
+               ("B", 0, 2), ("W", 0, 2)]
+    blocks_at = [50, 100, 100, 100, 150, 100, 50, 50, 0]
+    assert budget(actions, 160, blocks_at, {(0, 0): 10}).after_b((0, 0)) == (True, [])
+    assert budget(actions, 159, blocks_at, {(0, 0): 10}).after_b((0, 0)) == (False, [])
+    # a later B and its W at their floor: B1 recomputes beside what B0 keeps, lets go, and W1 recomputes
+    actions = [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("B", 0, 1), ("W", 0, 1), ("W", 0, 0)]
+    blocks_at = [60, 120, 120, 120, 60, 0]
+    assert budget(actions, 140, blocks_at, {(0, 0): 10}).after_b((0, 0)) == (True, [])
+    assert budget(actions, 139, blocks_at, {(0, 0): 10}).after_b((0, 0)) == (False, [])
+    # a bubble prefire before B1 fills what the actions until then leave (B0 keeping its 10)
+    b = budget(actions, 150, blocks_at, {})
+    b.step_begins()
+    for action in actions[:2]:
+        b.ran(action)
+    assert b.room_for_prefires((0, 1)) == 150 - 120 - 10
+    assert b.room_for_prefires((0, 0)) == 150 - 120
+    b.ran(("W", 0, 0))  # not the schedule's order: room beside the blocks' most and one pass
+    assert b.room_for_prefires((0, 1)) == 150 - 120 - 10
