@@ -38,7 +38,8 @@ Under a memory plan (``enable(memory_budget=...)``, Note [A pipeline rank's
 memory plan] in _pipeline_plan.py) N is the memory budget less what the
 plan's blocks hold at each action (``set(blocks_at=...)``): more room where
 few micro-batches are in flight, and the plan already counted each pass
-where it runs.
+where it runs; a micro-batch whose blocks the plan keeps needs no pass
+(``expect(idle=...)``: a plan chooses per micro-batch).
 What a B keeps for W saves a recomputation; a bubble prefire only moves one
 off the critical path. So the keep decision must not depend on when the
 bubbles fell (a slow machine prefires at other moments than a fast one):
@@ -59,7 +60,7 @@ that recomputes all-gathers nothing (tests/python/test_fsdp.py).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import _C
 from ._order import Action
@@ -85,6 +86,7 @@ class RankBudget:
         self.pending = pending
         self.holds = holds
         self.stage_bytes: Dict[int, int] = {}   # a stage's need: the most one of its sessions held
+        self.idle: Set[Key] = set()              # micro-batches of a stage a memory plan recomputes nothing of
         self.kept_bytes: Dict[int, int] = {}    # what a stage's session keeps for W after B, when trimmed
         self._read_actions = actions
         self._actions: Optional[List[Action]] = None
@@ -117,11 +119,13 @@ class RankBudget:
             return self.bytes - max(blocks)
         return self.bytes - max(blocks[at], blocks[at - 1] if at > 0 else 0)
 
-    def expect(self, stage_bytes: Dict[int, int]) -> None:
+    def expect(self, stage_bytes: Dict[int, int], idle: Iterable[Key] = ()) -> None:
         """What a pass of each stage will hold from now on (a new memory
-        plan): replaces what was learnt; sessions that hold more raise it
-        again as they close."""
+        plan), and the (stage, micro-batch) pairs whose passes recompute
+        nothing (the plan keeps their blocks): replaces what was learnt;
+        sessions that hold more raise it again as they close."""
         self.stage_bytes = dict(stage_bytes)
+        self.idle = set(idle)
         self.kept_bytes = {}
 
     def kept(self, stage: int, nbytes: int) -> None:
@@ -222,7 +226,7 @@ class RankBudget:
         for at in range(begin, end):
             kind, stage, mb = actions[at]
             k = (stage, mb)
-            need = self.stage_bytes.get(stage, unseen_need)
+            need = 0 if k in self.idle else self.stage_bytes.get(stage, unseen_need)
             if kind in ("B", "BW"):
                 add = max(0, need - held.get(k, 0))
                 least = min(least, self._room(at) - total - add)

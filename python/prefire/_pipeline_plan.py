@@ -23,11 +23,17 @@ stands for one recomputation (synchronised on CUDA; the measuring step
 only). When the rank's last action of the step has run (or the next step
 begins, for a schedule without an order of actions), the C++ planner
 chooses (``plan_for_budget``, Release::kAtStepEnd, Note [What a plan holds]
-in src/memory/plan.cpp): after each of the rank's actions, each block of the
-rank counted once per micro-batch of its stage between their F and their W
-(or full backward), and, for the micro-batches past their W, what the block
-still holds then, the most over those moments. A block's meter says that
-after each W. A schedule may keep the last stage's graphs until the next
+in src/memory/plan.cpp) for each block and micro-batch apart, where the
+rank's actions say when each micro-batch runs: one item per (stage,
+micro-batch, block), held from that micro-batch's F to its W (or full
+backward), recomputed by its B and W, and past its W holding what the
+block still holds then; the most over the moments after each action,
+each pass counted where it runs. A micro-batch whose lifetime misses the
+rank's peak (the first and last of a stage, often) may keep blocks that
+the others recompute (docs/benchmarks.md, "A plan per micro-batch").
+Without an order of actions the choice is per block, each counted once
+per micro-batch of its stage at every moment. A block's meter says what
+it holds after each W. A schedule may keep the last stage's graphs until the next
 step begins (torch's keeps its outputs and losses: ``enable`` lets go of
 their graphs after W, Note [The last stage lets go of its graph after W]
 in pipelining.py; another schedule may keep them otherwise); so until a
@@ -39,8 +45,10 @@ nothing (their W lets go of the graph), and so the last stage's too once
 block's bytes after W for the first time plans again at its end; a block
 that holds more than its share
 says so in a warning (the rank may have gone over the budget that step)
-before the plan that counts it; a stage's checkpointed blocks are one
-group, since its B recomputes them into one session. What the plan leaves
+before the plan that counts it; a stage's checkpointed blocks of one
+micro-batch are recomputed together, since its B recomputes them into one
+session (a pass: a stage's most is what the budget expects a session of
+it to hold, ``RankBudget.expect``). What the plan leaves
 of the budget is the rank's byte budget for sessions (Note [A rank's byte
 budget] in _budget.py): it decides which B keeps its recomputation for W
 and how far bubble prefires may go, action by action: the plan counts
@@ -124,13 +132,15 @@ class _Measured:
 
 @dataclass
 class RankPlan:
-    """The plan of one key: per stage, which of its blocks are checkpointed."""
+    """The plan of one key: per stage and micro-batch, which of its blocks
+    are checkpointed."""
 
     key: Key
-    costs: List[_C.BlockCost]
-    plan: _C.Plan
-    checkpointed: Dict[int, List[bool]]  # selectively or not
-    selective: Dict[int, List[bool]]
+    costs: List[_C.BlockCost]  # per block, the stages in the key's order (what the measuring step found)
+    items: List[_C.BlockCost]  # what the planner chose among: per (stage, micro-batch, block), or ``costs``
+    plan: _C.Plan              # a choice per item
+    checkpointed: Dict[int, List[List[bool]]]  # per stage, micro-batch and block: checkpointed, selectively or not
+    selective: Dict[int, List[List[bool]]]
     blocks_bytes: int    # the most the blocks hold, the plan's recomputation left out
     session_bytes: int   # the rest of the budget there: the rank's sessions' (more where the blocks hold less)
 
@@ -138,8 +148,8 @@ class RankPlan:
 class _StageForward:
     """The planned calls of one stage forward."""
 
-    def __init__(self, planner: "RankPlanner", stage: int) -> None:
-        self.planner, self.stage = planner, stage
+    def __init__(self, planner: "RankPlanner", stage: int, micro_batch: int) -> None:
+        self.planner, self.stage, self.micro_batch = planner, stage, micro_batch
         self.choices: Optional[List[int]] = None  # per call: KEEP, FULL or SELECTIVE; None: measuring
         self.signature: Optional[Signature] = None
         # measuring, per call: (input bytes, seconds, selective bytes (-1: none), selective seconds)
@@ -158,7 +168,7 @@ class _StageForward:
             kwargs: Dict[str, Any]) -> Any:
         if self.calls == 0:
             self.signature = _signature(_tensors(args, kwargs))
-            self.choices = self.planner._choices(self.stage, self.signature)
+            self.choices = self.planner._choices(self.stage, self.micro_batch, self.signature)
         index, self.calls = self.calls, self.calls + 1
         if self.choices is None:
             return self._measure(checkpointed, selective is not None, _tensors(args, kwargs))
@@ -234,19 +244,19 @@ class RankPlanner:
             self._current = self._plans[current]
             self._use(self._current)
 
-    def forward(self, stage: int) -> _StageForward:
-        return _StageForward(self, stage)
+    def forward(self, stage: int, micro_batch: int) -> _StageForward:
+        return _StageForward(self, stage, micro_batch)
 
-    def _choices(self, stage: int, signature: Signature) -> Optional[List[int]]:
+    def _choices(self, stage: int, micro_batch: int, signature: Signature) -> Optional[List[int]]:
         self._latest[stage] = signature
         current = self._current
         if current is not None and (stage, signature) in current.key:
-            return _choices_of(current, stage)
+            return _choices_of(current, stage, micro_batch)
         for plan in self._plans.values():  # a signature planned before
             if (stage, signature) in plan.key:
                 self._current = plan
                 self._use(plan)
-                return _choices_of(plan, stage)
+                return _choices_of(plan, stage, micro_batch)
         if not self._measuring:
             self._measuring = True
             self.measuring_steps += 1
@@ -342,42 +352,87 @@ class RankPlanner:
                     saved, inputs, statistics.median(r[2] for r in runs), flight, stage, moments, done, kept_after,
                     input_after, selective, statistics.median(r[4] for r in runs) if selective >= 0 else 0.0,
                     selective_after if selective >= 0 else 0, passes))
-        least = _C.plan_bytes(costs, [True] * len(costs), 0, _C.Release.AT_STEP_END)  # as a measuring step runs
+        # per (stage, micro-batch, block) where the rank's actions say when each micro-batch runs
+        items = _per_micro_batch(costs, self._actions, self.micro_batches) if self._actions else costs
+        least = _C.plan_bytes(items, [True] * len(items), 0, _C.Release.AT_STEP_END)  # as a measuring step runs
         if self.memory_budget < least:
             raise ValueError(f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below what this rank's "
                              f"blocks hold with every one checkpointed, as a measuring step runs them: {least} bytes "
                              f"for inputs {list(key)} (their inputs, and each stage's recomputation where it runs, "
                              f"{len(costs)} blocks, as the measuring step found them)")
-        plan = _C.plan_for_budget(costs, self.memory_budget, _C.Release.AT_STEP_END)
-        checkpointed: Dict[int, List[bool]] = {}
-        selective: Dict[int, List[bool]] = {}
+        plan = _C.plan_for_budget(items, self.memory_budget, _C.Release.AT_STEP_END)
+        checkpointed: Dict[int, List[List[bool]]] = {}
+        selective: Dict[int, List[List[bool]]] = {}
         at = 0
         for stage, signature in key:
             n = len(self._measured[(stage, signature)].blocks)
-            checkpointed[stage] = list(plan.checkpointed[at:at + n])
-            selective[stage] = list(plan.selective[at:at + n])
-            at += n
+            for choices, chosen_items in ((checkpointed, plan.checkpointed), (selective, plan.selective)):
+                if items is costs:  # one choice per block, for every micro-batch
+                    choices[stage] = [list(chosen_items[at:at + n])] * self.micro_batches
+                else:
+                    choices[stage] = [list(chosen_items[at + m * n:at + (m + 1) * n]) for m in range(self.micro_batches)]
+            at += n if items is costs else n * self.micro_batches
         if plan.moment_bytes:
             blocks = max(plan.moment_bytes)
         else:
-            one_pass = max(_passes(costs, plan.checkpointed).values(), default=0)
+            one_pass = max(_passes(costs, checkpointed).values(), default=0)
             blocks = _C.plan_bytes(costs, plan.checkpointed, 0, _C.Release.AT_STEP_END, plan.selective) - one_pass
-        chosen = RankPlan(key, costs, plan, checkpointed, selective, blocks, self.memory_budget - blocks)
+        chosen = RankPlan(key, costs, items, plan, checkpointed, selective, blocks, self.memory_budget - blocks)
         self._plans[key] = chosen
         self._use(chosen)
         _log.info("%s", describe(chosen, self.memory_budget))
         return chosen
 
     def _use(self, plan: RankPlan) -> None:
-        self.budget.expect(_passes(plan.costs, plan.plan.checkpointed))
+        self.budget.expect(_passes(plan.costs, plan.checkpointed),
+                           [(stage, m) for stage, per_micro_batch in plan.checkpointed.items()
+                            for m, blocks in enumerate(per_micro_batch) if not any(blocks)])
         if plan.plan.moment_bytes:  # the sessions hold what the blocks leave of the budget at each moment
             self.budget.set(self.memory_budget, blocks_at=list(plan.plan.moment_bytes))
         else:
             self.budget.set(plan.session_bytes)
 
 
-def _choices_of(plan: RankPlan, stage: int) -> List[int]:
-    return [SELECTIVE if s else FULL if c else KEEP for c, s in zip(plan.checkpointed[stage], plan.selective[stage])]
+def _choices_of(plan: RankPlan, stage: int, micro_batch: int) -> List[int]:
+    checkpointed, selective = plan.checkpointed[stage], plan.selective[stage]
+    m = micro_batch % len(checkpointed)  # a step of more micro-batches than planned: as many as a plan has
+    return [SELECTIVE if s else FULL if c else KEEP for c, s in zip(checkpointed[m], selective[m])]
+
+
+def lifetime(actions: List[Action], stage: int, micro_batch: int) -> Tuple[List[int], List[int], List[int]]:
+    """After each of the rank's ``actions``: whether ``micro_batch`` of
+    ``stage`` is between its F and its W (or full backward), whether it is
+    past it, and whether the action is one of its passes (B, W, full
+    backward)."""
+    held = gone = 0
+    alive_at, done_at, passes = [], [], []
+    for kind, s, m in actions:
+        mine = (s, m) == (stage, micro_batch)
+        if mine and kind == "F":
+            held = 1
+        elif mine and kind in ("W", "BW"):
+            held, gone = 0, 1
+        alive_at.append(held)
+        done_at.append(gone)
+        passes.append(int(mine and kind != "F"))
+    return alive_at, done_at, passes
+
+
+def _per_micro_batch(costs: List[_C.BlockCost], actions: List[Action], micro_batches: int) -> List[_C.BlockCost]:
+    """``costs`` (per block, stage by stage) as one item per (stage,
+    micro-batch, block), in that order: each alive only between its
+    micro-batch's F and W, its pass at that micro-batch's B and W (Note
+    [A pipeline rank's memory plan])."""
+    items = []
+    stages = list(dict.fromkeys(c.group for c in costs))
+    for stage in stages:
+        blocks = [c for c in costs if c.group == stage]
+        for m in range(micro_batches):
+            alive_at, done_at, passes = lifetime(actions, stage, m)
+            items.extend(_C.BlockCost(c.saved_bytes, c.input_bytes, c.recompute_seconds, 1, stage, alive_at, done_at,
+                                      c.saved_after_bytes, c.input_after_bytes, c.selective_bytes,
+                                      c.selective_seconds, c.selective_after_bytes, passes) for c in blocks)
+    return items
 
 
 def _after(measured: Optional[int], whole: int, last: bool, share: Optional[float]) -> int:
@@ -397,20 +452,29 @@ def _share(after: List[Optional[int]], wholes: List[int]) -> Optional[float]:  #
     return max(seen, default=None)
 
 
-def _passes(costs: List[_C.BlockCost], checkpointed: List[bool]) -> Dict[int, int]:
-    """Per stage, what one pass recomputes of a micro-batch: its checkpointed blocks' saved bytes (a
+def _passes(costs: List[_C.BlockCost], checkpointed: Dict[int, List[List[bool]]]) -> Dict[int, int]:
+    """Per stage, the most one pass recomputes of a micro-batch: its checkpointed blocks' saved bytes (a
     selective one's too, Note [Selective checkpoints in a plan] in src/memory/plan.cpp)."""
     passes: Dict[int, int] = {}
-    for cost, c in zip(costs, checkpointed):
-        passes[cost.group] = passes.get(cost.group, 0) + (cost.saved_bytes if c else 0)
+    for stage, per_micro_batch in checkpointed.items():
+        saved = [c.saved_bytes for c in costs if c.group == stage]
+        passes[stage] = max(sum(b for b, c in zip(saved, chosen) if c) for chosen in per_micro_batch)
     return passes
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:
-    def stage(s: int, ck: List[bool]) -> str:
-        sel = [i for i, c in enumerate(plan.selective[s]) if c]
-        return (f"stage {s}: checkpoints {[i for i, c in enumerate(ck) if c]} of {len(ck)} blocks"
-                + (f" ({sel} selectively)" if sel else ""))
+    def blocks(checkpointed: List[bool], selective: List[bool]) -> str:
+        sel = [i for i, c in enumerate(selective) if c]
+        return f"{[i for i, c in enumerate(checkpointed) if c]}" + (f" ({sel} selectively)" if sel else "")
+
+    def stage(s: int, ck: List[List[bool]]) -> str:
+        by_choice: Dict[str, List[int]] = {}
+        for m, (c, sel) in enumerate(zip(ck, plan.selective[s])):
+            by_choice.setdefault(blocks(c, sel), []).append(m)
+        if len(by_choice) == 1:
+            return f"stage {s}: checkpoints {next(iter(by_choice))} of {len(ck[0])} blocks"
+        return f"stage {s}: checkpoints " + ", ".join(f"{b} in micro-batches {ms}" for b, ms in by_choice.items()) + \
+            f" of {len(ck[0])} blocks"
 
     stages = "; ".join(stage(s, ck) for s, ck in plan.checkpointed.items())
     where = " where they hold the most" if plan.plan.moment_bytes else ""

@@ -307,7 +307,7 @@ class _StageSessions:
                 with collect() as handles:
                     out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
             else:  # Note [A pipeline rank's memory plan]
-                planned = planner.forward(stage.stage_index)
+                planned = planner.forward(stage.stage_index, fwd_chunk_id)
                 with collect() as handles, planned_calls(planned.run):
                     out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
                 planner.forward_done(planned, fwd_chunk_id, handles)

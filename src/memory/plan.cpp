@@ -90,6 +90,13 @@
 //    block cost less than in_flight times its bytes at some moments; both
 //    are left to plan_bytes(), which refuses the candidates that do not
 //    fit, so with either this finds a plan that fits, not always the best.
+//    Where many blocks have moments (a pipeline rank planned per
+//    micro-batch: one block per stage, micro-batch and layer, each alive
+//    for one micro-batch's lifetime) the knapsack counts every one as held
+//    at once and keeps few; so a greedy pass is tried too: from every
+//    block checkpointed, keep one at a time, the most recompute seconds per
+//    byte it keeps first, where plan_bytes() says the plan still fits, then
+//    the same with selective checkpoints for those left.
 //  * kInBackward: the constraints are per position, so a dynamic program
 //    over the blocks in forward order, its state what blocks 0..j hold;
 //    checkpointing j (either way) needs its recomputation to fit on top of
@@ -330,6 +337,33 @@ Options knapsack(const std::vector<BlockCost>& blocks, int64_t largest, int64_t 
   return options;
 }
 
+// From every block checkpointed, each kept in turn where the plan still fits
+// `budget`, the most recompute seconds per byte kept first; then those left
+// checkpointed selectively where that fits and recomputes less (Note
+// [Choosing a plan]).
+Options greedy(const std::vector<BlockCost>& blocks, int64_t budget, Release release) {
+  Options options(blocks.size(), kFull);
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) order[i] = i;
+  auto per_byte = [&](size_t i) {
+    return blocks[i].recompute_seconds / static_cast<double>(std::max<int64_t>(1, blocks[i].saved_bytes -
+                                                                                       blocks[i].input_bytes));
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return per_byte(a) > per_byte(b); });
+  auto try_option = [&](size_t i, uint8_t o) {
+    const uint8_t before = options[i];
+    options[i] = o;
+    if (held(blocks, options, 0, release) > budget) options[i] = before;
+  };
+  for (size_t i : order) try_option(i, kKeep);
+  for (size_t i : order) {
+    if (options[i] == kFull && has_selective(blocks[i]) && blocks[i].selective_seconds < blocks[i].recompute_seconds) {
+      try_option(i, kSelective);
+    }
+  }
+  return options;
+}
+
 // Every block larger than `largest` kept, the others checkpointed unless
 // they save no more than their inputs.
 Options below(const std::vector<BlockCost>& blocks, int64_t largest) {
@@ -511,6 +545,7 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes,
     }
   }
   if (release == Release::kInBackward) consider(by_position(blocks, budget_bytes));
+  if (release == Release::kAtStepEnd && !exhaustive(blocks, release)) consider(greedy(blocks, budget_bytes, release));
   Plan best;
   for (uint8_t o : chosen) {
     best.checkpointed.push_back(o != kKeep);

@@ -625,9 +625,11 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
 # every keep/checkpoint choice of every block on every rank (and the
 # selective checkpoint where the plan had one to choose) that fits each
 # rank's budget by the plan's own count (plan_bytes), replays each, and sets
-# the fastest beside prefire's choice replayed the same way. A stage with
-# some of its blocks checkpointed takes, per action kind, none mode's time
-# plus session mode's extra (its recomputation) in the share of the stage's
+# the fastest beside prefire's choice replayed the same way (prefire's
+# chooses per micro-batch where the rank's actions are known: Note [A
+# pipeline rank's memory plan]). A stage's action on a micro-batch with
+# some of its blocks checkpointed takes none mode's time for its kind plus
+# session mode's extra (its recomputation) in the share of the stage's
 # recomputation seconds those blocks recompute (a selective one its
 # selective seconds); the rest of the replay is as in
 # Note [What the simulator replays]. Both sides of the ratio are replays:
@@ -638,13 +640,23 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
 KEEP, FULL, SELECTIVE = 0, 1, 2  # a block's choice in a plan
 
 
-def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[int]]:
-    """A plan run's rank: its blocks' costs and prefire's choice (KEEP,
-    FULL or SELECTIVE per block), in the plan's order."""
+def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[List[int]]]:
+    """A plan run's rank: its blocks' costs and prefire's choice, per
+    micro-batch (KEEP, FULL or SELECTIVE per block, in the plan's order)."""
     costs = [_C.BlockCost(*fields) for fields in rank["plan_costs"]]
-    selective = rank.get("plan_selective") or {}
-    chosen = [SELECTIVE if sel else FULL if c else KEEP for stage in sorted(rank["plan"], key=int)
-              for c, sel in zip(rank["plan"][stage], selective.get(stage, [False] * len(rank["plan"][stage])))]
+    stages = sorted(rank["plan"], key=int)
+
+    def per_micro_batch(plan: Dict[str, Any], stage: str) -> List[List[bool]]:
+        got = plan.get(stage)
+        if got is None:
+            return [[False] * len(rank["plan"][stage][0])] * len(rank["plan"][stage])
+        return got
+
+    checkpointed = {stage: per_micro_batch(rank["plan"], stage) for stage in stages}
+    selective = {stage: per_micro_batch(rank.get("plan_selective") or {}, stage) for stage in stages}
+    micro_batches = len(checkpointed[stages[0]])
+    chosen = [[SELECTIVE if sel else FULL if c else KEEP for stage in stages
+               for c, sel in zip(checkpointed[stage][m], selective[stage][m])] for m in range(micro_batches)]
     return costs, chosen
 
 
@@ -653,30 +665,31 @@ def _plan_bytes(blocks: Sequence[Any], options: Sequence[int]) -> int:
                          [o == SELECTIVE for o in options])
 
 
-def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[int]) -> Costs:
-    """``costs`` with a mode "plan": per stage, none's durations plus
-    session's extra in the share of the stage's recomputation the plan
-    recomputes."""
+def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[int]]) -> Costs:
+    """``costs`` with a mode "plan": per stage and micro-batch (``options``:
+    per micro-batch, a choice per block), none's durations plus session's
+    extra in the share of the stage's recomputation the plan recomputes
+    there."""
     total: Dict[int, float] = {}
-    chosen: Dict[int, float] = {}
-    for cost, o in zip(blocks, options):
+    for cost in blocks:
         total[cost.group] = total.get(cost.group, 0.0) + cost.recompute_seconds
-        seconds = (0.0, cost.recompute_seconds, cost.selective_seconds)[o]
-        chosen[cost.group] = chosen.get(cost.group, 0.0) + seconds
     none, session = costs.action["none"], costs.action["session"]
-    table = {}
-    for key, base in none.items():
-        stage = key[1]
-        share = chosen.get(stage, 0.0) / total[stage] if total.get(stage) else 0.0
-        table[key] = base + share * max(0.0, session.get(key, base) - base)
-    return Costs(dict(costs.action, plan=table), costs.checkpoint, costs.checkpoints, costs.latency, costs.overhead,
-                 costs.tail)
+    instance: Dict[Action, float] = {}
+    for mb, per_block in enumerate(options):
+        chosen: Dict[int, float] = {}
+        for cost, o in zip(blocks, per_block):
+            chosen[cost.group] = chosen.get(cost.group, 0.0) + (0.0, cost.recompute_seconds, cost.selective_seconds)[o]
+        for (kind, stage), base in none.items():
+            share = chosen.get(stage, 0.0) / total[stage] if total.get(stage) else 0.0
+            instance[(kind, stage, mb)] = base + share * max(0.0, session.get((kind, stage), base) - base)
+    return Costs(dict(costs.action, plan=dict(none)), costs.checkpoint, costs.checkpoints, costs.latency,
+                 costs.overhead, costs.tail, instance=instance)
 
 
 def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Per plan run of a memory sweep: the fastest replayed per-block plan
-    within every rank's budget, and prefire's plan replayed (Note
-    [Searching per-block plans])."""
+    within every rank's budget, and prefire's plan (per micro-batch)
+    replayed (Note [Searching per-block plans])."""
     cfg = summary["config"]
     schedule, world, micro_batches = cfg["schedule"], cfg["world"], cfg["model"]["micro_batches"]
     costs = measured_costs(summary)
@@ -685,7 +698,7 @@ def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     n_stages = SCHEDULES[schedule][1] * world
     placement = _placement(schedule, world)
 
-    def step(blocks: Sequence[Any], options: Sequence[int]) -> float:
+    def step(blocks: Sequence[Any], options: Sequence[Sequence[int]]) -> float:
         return replay(orders, placement, n_stages, _with_plan(costs, blocks, options), "plan", groups).step_s
 
     rows = []
@@ -703,13 +716,13 @@ def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
         best_s, best = float("inf"), None
         for combo in itertools.product(*fitting):
             options = [o for rank in combo for o in rank]
-            s = step(blocks, options)
+            s = step(blocks, [options] * micro_batches)
             if s < best_s:
                 best_s, best = s, options
-        chosen = [c for _, rank_chosen in plans for c in rank_chosen]
+        chosen = [[o for _, rank_chosen in plans for o in rank_chosen[m]] for m in range(micro_batches)]
         chosen_s = step(blocks, chosen)
         rows.append({"name": name, "budgets": budgets, "plans_tried": math.prod(len(f) for f in fitting),
-                     "best_s": best_s, "best": best, "chosen_s": chosen_s, "chosen": chosen,
+                     "best_s": best_s, "best": [best] * micro_batches, "chosen_s": chosen_s, "chosen": chosen,
                      "chosen_over_best": chosen_s / best_s, "measured_s": mode["step_s"]})
     return rows
 
@@ -741,8 +754,9 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{'measured ms':>11}  best plan (k: kept, c: checkpointed, s: selectively) / prefire's")
         for summary in summaries:
             for row in search(summary):
-                def letters(plan):
-                    return "".join("kcs"[o] for o in plan)
+                def letters(plan):  # per micro-batch, split by / where they differ
+                    per_micro_batch = ["".join("kcs"[o] for o in options) for options in plan]
+                    return per_micro_batch[0] if len(set(per_micro_batch)) == 1 else "/".join(per_micro_batch)
                 print(f"{summary['config']['schedule']:14} {row['name']:9} {row['plans_tried']:5d} "
                       f"{row['best_s'] * 1e3:8.1f} {row['chosen_s'] * 1e3:10.1f} {row['chosen_over_best']:12.3f} "
                       f"{row['measured_s'] * 1e3:11.1f}  {letters(row['best'])} / {letters(row['chosen'])}")

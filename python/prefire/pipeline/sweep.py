@@ -78,12 +78,12 @@ def table(summary: Dict[str, Any]) -> str:
             held = ", ".join(f"{h / MiB:.2f}" for h in _held(modes[t]))
             lines.append(f"  {t:13s} {held:>16s}  {modes[t]['step_s'] * 1e3:8.1f} ms")
     lines.append("prefire's plan: budget -> held MiB per rank (measuring step), step ms, blocks per stage (k: kept, "
-                 "c: checkpointed, s: selectively); torch's that fit; plan / fastest that fits; plan / none (its steps "
-                 "over none's of the same index: their median)")
+                 "c: checkpointed, s: selectively; per micro-batch, split by /, where they differ); torch's that fit; "
+                 "plan / fastest that fits; plan / none (its steps over none's of the same index: their median)")
     for r in rows(summary):
         per_rank = "; ".join(f"{b / MiB:.2f} -> {h / MiB:.2f} ({m / MiB:.2f})"
                              for b, h, m in zip(r["budgets"], r["held"], r["measuring_held"]))
-        plan = " ".join(f"{s}:{_letters(ck, sel.get(s))}" for p, sel in zip(r["plan"], r["plan_selective"])
+        plan = " ".join(f"{s}:{plan_letters(ck, sel.get(s))}" for p, sel in zip(r["plan"], r["plan_selective"])
                         for s, ck in p.items())
         fits = ", ".join(f"{t} {s * 1e3:.0f}" for t, s in r["fits"].items()) or "none fits"
         ratio = f"{r['plan_over_fastest']:.2f}" if r["plan_over_fastest"] is not None else "-"
@@ -94,9 +94,13 @@ def table(summary: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _letters(checkpointed: List[bool], selective: Optional[List[bool]]) -> str:
-    selective = selective or [False] * len(checkpointed)
-    return "".join("s" if s else "c" if c else "k" for c, s in zip(checkpointed, selective))
+def plan_letters(checkpointed: List[List[bool]], selective: Optional[List[List[bool]]]) -> str:
+    """A stage's plan: per block k (kept), c (checkpointed) or s (selectively); per micro-batch, joined by
+    "/", where they differ."""
+    selective = selective or [[False] * len(ck) for ck in checkpointed]
+    per_micro_batch = ["".join("s" if s else "c" if c else "k" for c, s in zip(ck, sel))
+                       for ck, sel in zip(checkpointed, selective)]
+    return per_micro_batch[0] if len(set(per_micro_batch)) == 1 else "/".join(per_micro_batch)
 
 
 def plot(summary: Dict[str, Any], path: str) -> None:

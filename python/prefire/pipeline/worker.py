@@ -255,7 +255,7 @@ class ModeRun:
             # what the plan was chosen from, in the plan's order (the simulator's search)
             "plan_costs": ([[c.saved_bytes, c.input_bytes, c.recompute_seconds, c.in_flight, c.group, list(c.alive),
                              list(c.done), c.saved_after_bytes, c.input_after_bytes, c.selective_bytes,
-                             c.selective_seconds, c.selective_after_bytes]
+                             c.selective_seconds, c.selective_after_bytes, list(c.passes)]
                             for c in self.sessions.plan.costs]
                            if self.sessions is not None and self.sessions.plan is not None else None),
             # one pass's recomputation: the least a budget can hold a rank to
