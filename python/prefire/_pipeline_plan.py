@@ -421,16 +421,16 @@ def lifetime(actions: List[Action], stage: int, micro_batch: int) -> Tuple[List[
 def _per_micro_batch(costs: List[_C.BlockCost], actions: List[Action], micro_batches: int) -> List[_C.BlockCost]:
     """``costs`` (per block, stage by stage) as one item per (stage,
     micro-batch, block), in that order: each alive only between its
-    micro-batch's F and W, its pass at that micro-batch's B and W (Note
-    [A pipeline rank's memory plan])."""
+    micro-batch's F and W, its pass at that micro-batch's B and W, a group
+    per (stage, micro-batch) (Note [A pipeline rank's memory plan])."""
     items = []
     stages = list(dict.fromkeys(c.group for c in costs))
-    for stage in stages:
+    for i, stage in enumerate(stages):
         blocks = [c for c in costs if c.group == stage]
         for m in range(micro_batches):
             alive_at, done_at, passes = lifetime(actions, stage, m)
-            items.extend(_C.BlockCost(c.saved_bytes, c.input_bytes, c.recompute_seconds, 1, stage, alive_at, done_at,
-                                      c.saved_after_bytes, c.input_after_bytes, c.selective_bytes,
+            items.extend(_C.BlockCost(c.saved_bytes, c.input_bytes, c.recompute_seconds, 1, i * micro_batches + m,
+                                      alive_at, done_at, c.saved_after_bytes, c.input_after_bytes, c.selective_bytes,
                                       c.selective_seconds, c.selective_after_bytes, passes) for c in blocks)
     return items
 

@@ -35,10 +35,9 @@
 //        (a W's micro-batch lets go when it ends) + the saved bytes of the
 //        checkpointed blocks those passes recompute
 //      + ahead * the largest pass (prefires, at any moment).
-//    A pipeline rank holds the most after its last forwards, where no
-//    pass of the stages that hold it runs; counting the largest pass there
-//    too charged ZBV's ranks a whole stage's recomputation they never
-//    hold at that moment, and kept them from keeping blocks that fit
+//    Counting the largest pass at every moment charged a rank its
+//    largest stage's recomputation where another stage's pass, a smaller
+//    one, or none runs, and kept ZBV's ranks from keeping blocks that fit
 //    (docs/benchmarks.md, "Passes where they run"). What a runtime holds
 //    beyond the passes (a B's recomputation kept for W, a prefire) must
 //    then fit what the blocks leave at each moment it is held
