@@ -226,7 +226,7 @@ class RankBudget:
         for at in range(begin, end):
             kind, stage, mb = actions[at]
             k = (stage, mb)
-            need = 0 if k in self.idle else self.stage_bytes.get(stage, unseen_need)
+            need = 0 if k in self.idle else self.stage_bytes.get(stage) or unseen_need
             if kind in ("B", "BW"):
                 add = max(0, need - held.get(k, 0))
                 least = min(least, self._room(at) - total - add)
