@@ -1,11 +1,10 @@
 """The most (block, micro-batch) pairs a pipeline rank can keep within a
 memory budget, by any plan, even one that chooses per micro-batch: a bound
-on what a keep/checkpoint plan can save, on the planner's count (Note [What a
-plan holds] in src/memory/plan.cpp): after each of the rank's actions (torch's
-order), every pair alive there (between its F and its W) holds `kept` MiB if
-kept, `input` MiB if checkpointed; during each B, W or full backward, what
-was held before and after it, and that (stage, micro-batch)'s checkpointed
-blocks recomputed together. Tries every choice (2^(blocks x stages x
+on what a keep/checkpoint plan can save, on the planner's own count (Note
+[What a plan holds] in src/memory/plan.cpp, `plan_bytes` on one item per
+(stage, micro-batch, block) as `enable(memory_budget=...)` plans them: a
+kept one holds `kept` MiB, a checkpointed one `input` MiB and its pass at
+its micro-batch's B and W). Tries every choice (2^(blocks x stages x
 micro-batches)): small pipelines only.
 
     PYTHONPATH=build/python ~/.cache/prefire/venv/bin/python benchmarks/python_keep_bound.py \
@@ -14,39 +13,29 @@ micro-batches)): small pipelines only.
 
 import argparse
 
+from prefire import _C
+from prefire._pipeline_plan import lifetime
 from prefire.pipeline.simulate import rank_orders
 
-
-def peak(order, keep, blocks, kept, inputs):
-    """The most the rank holds over its actions with the (stage, micro-batch, block) units ``keep`` kept."""
-    def held(live):
-        return sum(kept if (s, m, b) in keep else inputs for s, m in live for b in range(blocks))
-
-    live, most = set(), 0.0
-    for kind, s, m in order:
-        before = held(live)
-        if kind == "F":
-            live.add((s, m))
-        elif kind in ("W", "BW"):
-            live.discard((s, m))
-        after = held(live)
-        most = max(most, after)
-        if kind != "F":  # a pass: this micro-batch's checkpointed blocks of the stage
-            most = max(most, max(before, after) + kept * sum((s, m, b) not in keep for b in range(blocks)))
-    return most
+MiB = 1 << 20
 
 
 def most_kept(order, blocks, micro_batches, kept, inputs, budget):
     stages = sorted({s for _, s, _ in order})
     units = [(s, m, b) for s in stages for m in range(micro_batches) for b in range(blocks)]
+    items = []
+    for s, m, _ in units:
+        alive, done, passes = lifetime(order, s, m)
+        items.append(_C.BlockCost(int(kept * MiB), int(inputs * MiB), 1.0, 1, s * micro_batches + m, alive, done,
+                                  0, 0, -1, 0.0, 0, passes))
     best = (0, None, [])
     for mask in range(1 << len(units)):
-        keep = {u for i, u in enumerate(units) if mask >> i & 1}
-        if len(keep) <= best[0] and best[1] is not None:
+        keep = [bool(mask >> i & 1) for i in range(len(units))]
+        if sum(keep) <= best[0] and best[1] is not None:
             continue
-        most = peak(order, keep, blocks, kept, inputs)
+        most = _C.plan_bytes(items, [not k for k in keep], 0, _C.Release.AT_STEP_END) / MiB
         if most <= budget:
-            best = (len(keep), most, sorted(keep))
+            best = (sum(keep), most, [u for u, k in zip(units, keep) if k])
     return best
 
 
