@@ -91,6 +91,7 @@ class RankBudget:
         self._read_actions = actions
         self._actions: Optional[List[Action]] = None
         self._b_at: Dict[Key, int] = {}          # where each B (or full backward) is in the actions
+        self._w_at: Dict[Key, int] = {}          # where each W is
         self._at: Optional[int] = None           # the rank's place in its actions this step (None: unknown)
         self._warned = False
 
@@ -146,6 +147,8 @@ class RankBudget:
             for i, (kind, s, m) in enumerate(self._actions):
                 if kind in ("B", "BW"):
                     self._b_at.setdefault((s, m), i)
+                elif kind == "W":
+                    self._w_at.setdefault((s, m), i)
         return self._actions
 
     def step_begins(self) -> None:
@@ -185,8 +188,7 @@ class RankBudget:
             return True, []
         need = max(self.pass_bytes, holds)  # for a stage not seen close yet
         b_at = self._b_at.get(key) if self.actions() else None
-        w_at = next((i for i in range(b_at + 1, len(self.actions())) if self.actions()[i] == ("W", *key)),
-                    None) if b_at is not None else None
+        w_at = self._w_at.get(key) if b_at is not None else None
         last = len(self.actions())
         prefired = sorted((k for k, mb in pending.items() if k != key and not mb.kept_for_w and held[k] > 0),
                           key=lambda k: self._b_at.get(k, last), reverse=True)

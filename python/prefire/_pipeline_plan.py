@@ -95,6 +95,7 @@ from ._plan import _signature, _tensors, _timed
 from ._selective import context_fn, mode_costs, probing, selective_cost
 
 KEEP, FULL, SELECTIVE = 0, 1, 2  # a block's choice: kept, checkpointed, checkpointed selectively
+PASSES = ("B", "W", "BW")  # the actions that recompute a stage's checkpointed blocks
 
 _log = logging.getLogger("prefire")
 
@@ -137,8 +138,7 @@ class RankPlan:
 
     key: Key
     costs: List[_C.BlockCost]  # per block, the stages in the key's order (what the measuring step found)
-    items: List[_C.BlockCost]  # what the planner chose among: per (stage, micro-batch, block), or ``costs``
-    plan: _C.Plan              # a choice per item
+    plan: _C.Plan              # a choice per (stage, micro-batch, block) where the actions are known, else per block
     checkpointed: Dict[int, List[List[bool]]]  # per stage, micro-batch and block: checkpointed, selectively or not
     selective: Dict[int, List[List[bool]]]
     blocks_bytes: int    # the most the blocks hold, the plan's recomputation left out
@@ -334,7 +334,7 @@ class RankPlanner:
         costs: List[_C.BlockCost] = []
         for stage, signature in key:
             moments, done = alive(self._actions, stage)  # empty without an order of actions: every micro-batch
-            passes = [int(s == stage and kind in ("B", "W", "BW")) for kind, s, _ in self._actions]
+            passes = [int(s == stage and kind in PASSES) for kind, s, _ in self._actions]
             flight = max(moments, default=self.micro_batches) or 1
             measured = self._measured[(stage, signature)]
             # per choice, per block: what it holds (selective: -1 where a block has none)
@@ -377,7 +377,7 @@ class RankPlanner:
         else:
             one_pass = max(_passes(costs, checkpointed).values(), default=0)
             blocks = _C.plan_bytes(costs, plan.checkpointed, 0, _C.Release.AT_STEP_END, plan.selective) - one_pass
-        chosen = RankPlan(key, costs, items, plan, checkpointed, selective, blocks, self.memory_budget - blocks)
+        chosen = RankPlan(key, costs, plan, checkpointed, selective, blocks, self.memory_budget - blocks)
         self._plans[key] = chosen
         self._use(chosen)
         _log.info("%s", describe(chosen, self.memory_budget))
@@ -414,7 +414,7 @@ def lifetime(actions: List[Action], stage: int, micro_batch: int) -> Tuple[List[
             held, gone = 0, 1
         alive_at.append(held)
         done_at.append(gone)
-        passes.append(int(mine and kind != "F"))
+        passes.append(int(mine and kind in PASSES))
     return alive_at, done_at, passes
 
 

@@ -146,6 +146,7 @@ bool timed_passes(const std::vector<BlockCost>& blocks) {
 }
 
 void check(const std::vector<BlockCost>& blocks, Release release) {
+  const bool timed = timed_passes(blocks);
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
     for (int64_t a : b.alive) {
@@ -159,7 +160,7 @@ void check(const std::vector<BlockCost>& blocks, Release release) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + "'s moments (alive) must be as "
                                   "many as every other block's, and only with Release::kAtStepEnd");
     }
-    if ((timed_passes(blocks) && (b.alive.empty() || b.passes.size() != b.alive.size())) ||
+    if ((timed && (b.alive.empty() || b.passes.size() != b.alive.size())) ||
         std::any_of(b.passes.begin(), b.passes.end(), [](int64_t p) { return p < 0; })) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + ": passes must be given for every "
                                   "block or none, one per moment of alive, none negative");
