@@ -18,7 +18,7 @@ import torch
 
 import prefire
 from prefire import _selective
-from prefire.pipeline.model import Block, ModelConfig
+from prefire.pipeline_bench.model import Block, ModelConfig
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ fi
 
 # The Python package's tests (pytest) and wheel build (scikit-build-core);
 # NumPy (torch.distributed sends Python objects through it) and matplotlib
-# (the plot of python -m prefire.pipeline).
+# (the plot of python -m prefire.pipeline_bench).
 if ! "$VENV/bin/python" -c "import pytest, scikit_build_core, numpy, matplotlib" 2>/dev/null; then
   log "installing pytest, scikit-build-core, numpy and matplotlib into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check pytest scikit-build-core numpy matplotlib 2>&1 |

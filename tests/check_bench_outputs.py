@@ -34,7 +34,7 @@ def main(bench: str) -> int:
         labels = [m["label"] for m in report["modes"]]
         assert labels == MODES, labels
         for m in report["modes"]:
-            for key in ("peak_held_bytes", "step_ms", "recomputes_per_step", "refused_prefires_per_step",
+            for key in ("step_peak_bytes", "peak_held_bytes", "step_ms", "recomputes_per_step", "refused_prefires_per_step",
                         "max_grad_diff", "held_b_to_w_bytes", "held_b_to_w_fraction", "per_micro_batch_ms"):
                 assert key in m, (m["label"], key)
             assert m["max_grad_diff"] == 0, (m["label"], m["max_grad_diff"])
@@ -44,6 +44,10 @@ def main(bench: str) -> int:
         assert by["graph-task"]["recomputes_per_step"] == 2 * 2 * 2  # micro-batches x layers x passes
         assert by["session"]["recomputes_per_step"] == 2 * 2
         assert by["graph-task"]["peak_held_bytes"] < by["none"]["peak_held_bytes"]
+        # the allocator sees every mode: none holds its activations, checkpointing drops them
+        assert all(m["step_peak_bytes"] > 0 for m in report["modes"]), report["modes"]
+        assert by["graph-task"]["step_peak_bytes"] < by["none"]["step_peak_bytes"], (by["graph-task"], by["none"])
+        assert by["none"]["peak_held_bytes"] <= by["none"]["step_peak_bytes"]  # the census is part of what it sees
         assert by["none"]["held_b_to_w_bytes"] is None  # no session: not measured
         for label in (l for l in MODES if l.startswith("budget")):  # a refused checkpoint recomputes in B and W
             m = by[label]

@@ -350,7 +350,28 @@ TEST(Cuda, ChecksumModeCatchesDropoutWithoutRngRestoreOnGpu) {
   EXPECT_THROW(torch::autograd::grad({y.sum()}, {x}), CheckpointError);
 }
 
+TEST(Cuda, AllocatorBytesAreTheCachingAllocatorsAllocatedBytes) {
+  PREFIRE_REQUIRE_GPU();
+  const c10::Device device(c10::DeviceType::CUDA, 0);
+  reset_allocator_peak(device);
+  const AllocatorBytes before = allocator_bytes(device);
+  EXPECT_EQ(before.peak, before.current);
+  {
+    auto t = at::empty({1 << 20}, at::TensorOptions().device(kCuda).dtype(at::kFloat));  // 4 MiB, one block
+    EXPECT_EQ(allocator_bytes(device).current - before.current, 4 << 20);
+  }
+  const AllocatorBytes after = allocator_bytes(device);
+  EXPECT_EQ(after.current, before.current);
+  EXPECT_EQ(after.peak - before.current, 4 << 20);
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  EXPECT_EQ(after.peak, stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+}
+
 #else
+
+TEST(Cuda, AllocatorBytesNeedACudaBuild) {
+  EXPECT_THROW(allocator_bytes(c10::Device(c10::DeviceType::CUDA, 0)), std::runtime_error);
+}
 
 TEST(Cuda, BuiltWithoutCuda) { GTEST_SKIP() << "prefire was built without its CUDA parts"; }
 

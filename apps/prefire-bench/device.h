@@ -1,7 +1,8 @@
 #pragma once
 
 // The few device facts prefire-bench reports, on CPU and (when built with
-// CUDA) on a GPU.
+// CUDA) on a GPU. Live bytes come from prefire::allocator_bytes() (every
+// allocation, on either device).
 
 #include <ATen/core/Tensor.h>
 
@@ -11,15 +12,11 @@ namespace prefire_bench {
 
 /// Waits for the device's queued work (no-op on CPU).
 void synchronize(const at::Device& device);
-/// Starts a new allocator peak window (CUDA) or resets the process's peak RSS
-/// (CPU, where the kernel allows it).
+/// CUDA: empties the caching allocator's cache and starts new peak windows,
+/// so each mode starts from nothing cached. No-op on CPU.
 void reset_peaks(const at::Device& device);
-/// CUDA: the allocator's peak allocated bytes since reset_peaks; CPU: -1.
-int64_t device_peak_bytes(const at::Device& device);
-/// CUDA: the allocator's peak reserved bytes since reset_peaks (which empties
-/// its cache first, so each mode starts from nothing cached); CPU: -1.
+/// CUDA: the caching allocator's peak reserved bytes since the last peak
+/// reset; CPU: -1.
 int64_t device_peak_reserved_bytes(const at::Device& device);
-/// The process's peak resident set size since reset_peaks (VmHWM), or -1.
-int64_t peak_rss_bytes();
 
 }  // namespace prefire_bench

@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
   try {
     Options o = parse(argc, argv);
     prefire::install();
+    prefire::count_cpu_allocations();  // before any model: Note [prefire-bench's memory figures]
     at::set_num_threads(o.threads);
     const auto& c = o.run;
     const auto& m = c.model;
@@ -198,9 +199,11 @@ int main(int argc, char** argv) {
 
     print_table(stdout, c, results);
     if (wants(o, "plan")) print_memory_sweep(stdout, results);
-    std::printf("\nmemory: %s; session: largest one micro-batch's session held; budgets are fractions of the "
-                "prefire mode's session peak.\n",
-                c.device.is_cuda() ? "CUDA allocator peak" : "peak bytes of saved and recomputed tensors (runtime accounting)");
+    std::printf("\nstep peak: the most the %s allocator held during a step above what it held when the step began "
+                "(every allocation: activations, gradients, working memory); held: prefire's census (saved and "
+                "recomputed tensors it counts); session: the largest one micro-batch's session held; budget modes' "
+                "budgets are fractions of the prefire mode's session peak.\n",
+                c.device.is_cuda() ? "CUDA" : "CPU");
     if (!o.json.empty()) write_json(o.json, c, results);
     if (!o.plot.empty()) write_svg(o.plot, c, results);
     if (tracing) trace.write(o.trace);

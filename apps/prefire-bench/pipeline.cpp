@@ -113,6 +113,18 @@ std::string label(const ModeSpec& spec) {
 // recomputes into). The budget covers the census (runtime_stats()'s held
 // bytes: the stage's saved tensors, checkpoint inputs and recomputations).
 
+// Note [prefire-bench's memory figures]
+// A mode's memory is what the device's allocator holds (prefire::
+// allocator_bytes: every storage, whoever made it), not prefire's census,
+// which sees only what prefire handles and is 0 for a mode without its
+// checkpoints. Per measured step: the most the allocator held during the
+// step above what it held when the step began (the stage's weights, and on
+// CPU the reference mode's stored gradients, are there before and after);
+// the mode reports the largest over its steps. So it counts the step's
+// activations, recomputations, gradients (dx and dw, made in the step) and
+// ops' working memory: what the step needs beyond the model. The census
+// (peak held) stays beside it: it is what a plan's budget covers.
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -226,6 +238,8 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
     at::manual_seed(config.seed + 2000 + step);  // dropout of this step
     synchronize(config.device);
     prefire::reset_runtime_peak();
+    prefire::reset_allocator_peak(config.device);  // See Note [prefire-bench's memory figures]
+    const int64_t allocated_before = prefire::allocator_bytes(config.device).current;
     const int64_t recomputations_before = prefire::runtime_stats().recomputations;
     int64_t refused = 0;  // prefires the budget refused this step, read before each session's clear ends it
     const auto start = Clock::now();
@@ -324,6 +338,8 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
         forward_per_mb.push_back(forward_ms / mbs);
         b_per_mb.push_back(b_ms / mbs);
         w_per_mb.push_back(w_ms / mbs);
+        result.step_peak_bytes =
+            std::max(result.step_peak_bytes, prefire::allocator_bytes(config.device).peak - allocated_before);
         result.peak_held_bytes = std::max(result.peak_held_bytes, prefire::runtime_stats().peak_held_bytes);
         recomputations_measured += prefire::runtime_stats().recomputations - recomputations_before;
         refused_measured += refused;
@@ -358,9 +374,7 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
   }
   result.checkpointed = checkpointed;
   result.released_after_b_per_step = double(released) / config.steps;
-  result.peak_device_bytes = device_peak_bytes(config.device);
   result.peak_reserved_bytes = device_peak_reserved_bytes(config.device);
-  result.peak_rss_bytes = config.device.is_cpu() ? peak_rss_bytes() : -1;
   result.recomputes_per_step = double(recomputations_measured) / config.steps;
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());

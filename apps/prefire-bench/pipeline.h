@@ -75,14 +75,13 @@ struct ModeResult {
   std::vector<double> step_ms;   // measured steps
   double recomputes_per_step = 0;
   double refused_per_step = 0;
-  int64_t peak_held_bytes = 0;   // bytes: saved tensors + recomputed tensors, runtime accounting
+  int64_t step_peak_bytes = 0;   // bytes: the allocator's most during a measured step above what it held at its start
+  int64_t peak_held_bytes = 0;   // bytes: saved tensors + recomputed tensors, prefire's census
   int64_t peak_session_bytes = 0;  // bytes: largest peak of one micro-batch's session
   int64_t held_b_to_w_bytes = 0;   // bytes: largest a session held from the end of its B to its W
   double held_b_to_w_fraction = 0; // largest (held from B to W) / (the session's peak) of one micro-batch
   double forward_ms = 0, b_ms = 0, w_ms = 0;  // per micro-batch: medians over the measured steps
-  int64_t peak_device_bytes = -1;  // bytes: CUDA allocator peak (CUDA runs only)
   int64_t peak_reserved_bytes = -1;  // bytes: CUDA allocator peak reserved (CUDA runs only)
-  int64_t peak_rss_bytes = -1;     // bytes: process peak RSS over the mode (CPU runs, when measurable)
   std::vector<bool> checkpointed;  // per block, in the measured steps
   int64_t least_plan_bytes = -1;   // bytes: plan: the least any plan holds (the budget's floor)
   int64_t plan_bytes = -1;         // bytes: plan: what the chosen plan holds by its count

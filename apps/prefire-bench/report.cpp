@@ -19,8 +19,6 @@ Spread spread(std::vector<double> v) {
   return {median, v.front(), v.back()};
 }
 
-int64_t headline_bytes(const ModeResult& r) { return r.peak_device_bytes >= 0 ? r.peak_device_bytes : r.peak_held_bytes; }
-
 namespace {
 
 double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
@@ -35,27 +33,25 @@ std::ofstream open_or_throw(const std::string& path) {
 
 void print_table(std::FILE* out, const RunConfig& c, const std::vector<ModeResult>& results) {
   const bool cuda = c.device.is_cuda();
-  std::fprintf(out, "\n%-12s %14s %12s %10s %12s %22s %22s %12s %8s %11s\n", "mode",
-               cuda ? "peak alloc MiB" : "peak held MiB", "session MiB", "B->W MiB", cuda ? "held MiB" : "peak RSS MiB",
-               "step ms med [min-max]", "F / B / W ms per mb", "recomp/step", "refused", "max|dgrad|");
+  std::fprintf(out, "\n%-12s %14s %12s %12s %10s %22s %22s %12s %8s %11s\n", "mode", "step peak MiB",
+               "held MiB", "session MiB", "B->W MiB", "step ms med [min-max]", "F / B / W ms per mb", "recomp/step",
+               "refused", "max|dgrad|");
   for (const auto& r : results) {
     auto s = spread(r.step_ms);
     char step[64], passes[64];
     std::snprintf(step, sizeof step, "%.1f [%.1f-%.1f]", s.median, s.min, s.max);
     std::snprintf(passes, sizeof passes, "%.1f / %.1f / %.1f", r.forward_ms, r.b_ms, r.w_ms);
-    double third = cuda ? mib(r.peak_held_bytes) : (r.peak_rss_bytes >= 0 ? mib(r.peak_rss_bytes) : NAN);
-    std::fprintf(out, "%-12s %14.2f %12.2f %10.2f %12.1f %22s %22s %12.1f %8.1f %11.3g\n", r.label.c_str(),
-                 mib(headline_bytes(r)), mib(r.peak_session_bytes), mib(r.held_b_to_w_bytes), third, step, passes,
-                 r.recomputes_per_step, r.refused_per_step, r.max_grad_diff);
+    std::fprintf(out, "%-12s %14.2f %12.2f %12.2f %10.2f %22s %22s %12.1f %8.1f %11.3g\n", r.label.c_str(),
+                 mib(r.step_peak_bytes), mib(r.peak_held_bytes), mib(r.peak_session_bytes), mib(r.held_b_to_w_bytes),
+                 step, passes, r.recomputes_per_step, r.refused_per_step, r.max_grad_diff);
   }
   if (!cuda) return;
   // The caching allocator's view: reserved memory and the part of it the
   // peak allocation left unused (fragmentation and cache).
-  std::fprintf(out, "\n%-12s %18s %24s\n", "mode", "peak reserved MiB", "1 - peak alloc/reserved");
+  std::fprintf(out, "\n%-12s %18s\n", "mode", "peak reserved MiB");
   for (const auto& r : results) {
     if (r.peak_reserved_bytes <= 0) continue;
-    std::fprintf(out, "%-12s %18.2f %24.3f\n", r.label.c_str(), mib(r.peak_reserved_bytes),
-                 1.0 - double(r.peak_device_bytes) / double(r.peak_reserved_bytes));
+    std::fprintf(out, "%-12s %18.2f\n", r.label.c_str(), mib(r.peak_reserved_bytes));
   }
 }
 
@@ -65,9 +61,10 @@ void print_memory_sweep(std::FILE* out, const std::vector<ModeResult>& results) 
     if (r.mode == Mode::kNone) none = &r;
   }
   std::fprintf(out, "\nmemory sweep (budgets: fractions of none's peak held bytes, the least plan where that is "
-                    "less; c: checkpointed, k: kept)\n%-10s %10s %9s %9s %10s  %-8s %-44s %9s %7s\n",
-               "plan", "budget MiB", "held MiB", "plan MiB", "step ms", "blocks", "that fit: step ms", "plan/best",
-               "/none");
+                    "less, covering prefire's census; a configuration fits when its step peak, by the allocator, is at "
+                    "most the plan's; c: checkpointed, k: kept)\n%-10s %10s %9s %9s %10s %10s  %-8s %-44s %9s %7s\n",
+               "plan", "budget MiB", "held MiB", "plan MiB", "step peak", "step ms", "blocks", "that fit: step ms",
+               "plan/best", "/none");
   for (const auto& r : results) {
     if (r.mode != Mode::kPlan) continue;
     std::string blocks, fit;
@@ -76,15 +73,16 @@ void print_memory_sweep(std::FILE* out, const std::vector<ModeResult>& results) 
     double best = 0;
     for (const auto& other : results) {
       const bool configuration = other.mode == Mode::kNone || other.mode == Mode::kGraphTask || other.mode == Mode::kEvery;
-      if (!configuration || other.peak_held_bytes > r.budget_bytes) continue;
+      if (!configuration || other.step_peak_bytes > r.step_peak_bytes) continue;
       const double s = spread(other.step_ms).median;
       char cell[48];
       std::snprintf(cell, sizeof cell, "%s%s %.0f", fit.empty() ? "" : ", ", other.label.c_str(), s);
       fit += cell;
       if (best == 0 || s < best) best = s;
     }
-    std::fprintf(out, "%-10s %10.2f %9.2f %9.2f %10.1f  %-8s %-44s %9s %7.2f%s\n", r.label.c_str(), mib(r.budget_bytes),
-                 mib(r.peak_held_bytes), mib(r.plan_bytes), step, blocks.c_str(), fit.empty() ? "none fits" : fit.c_str(),
+    std::fprintf(out, "%-10s %10.2f %9.2f %9.2f %10.2f %10.1f  %-8s %-44s %9s %7.2f%s\n", r.label.c_str(),
+                 mib(r.budget_bytes), mib(r.peak_held_bytes), mib(r.plan_bytes), mib(r.step_peak_bytes), step,
+                 blocks.c_str(), fit.empty() ? "none fits" : fit.c_str(),
                  best > 0 ? std::to_string(step / best).substr(0, 4).c_str() : "-",
                  none ? step / spread(none->step_ms).median : NAN,
                  r.peak_held_bytes > r.budget_bytes ? "  OVER BUDGET" : "");
@@ -119,13 +117,12 @@ void write_json(const std::string& path, const RunConfig& c, const std::vector<M
         {"mode", to_string(r.mode)},
         {"budget_fraction", r.budget_fraction ? nlohmann::json(*r.budget_fraction) : nlohmann::json(nullptr)},
         {"budget_bytes", r.budget_bytes},
+        {"step_peak_bytes", r.step_peak_bytes},
         {"peak_held_bytes", r.peak_held_bytes},
         {"peak_session_bytes", r.peak_session_bytes},
         {"held_b_to_w_bytes", measured(r.held_b_to_w_bytes, sessions)},
         {"held_b_to_w_fraction", measured(r.held_b_to_w_fraction, sessions)},
-        {"peak_device_bytes", measured(r.peak_device_bytes, r.peak_device_bytes >= 0)},
         {"peak_reserved_bytes", measured(r.peak_reserved_bytes, r.peak_reserved_bytes >= 0)},
-        {"peak_rss_bytes", measured(r.peak_rss_bytes, r.peak_rss_bytes >= 0)},
         {"step_ms", {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"all", r.step_ms}}},
         {"per_micro_batch_ms", {{"forward", r.forward_ms}, {"b", r.b_ms}, {"w", r.w_ms}}},
         {"recomputes_per_step", r.recomputes_per_step},
@@ -149,7 +146,7 @@ void write_svg(const std::string& path, const RunConfig& c, const std::vector<Mo
   double tmax = 0, mmax = 0;
   for (const auto& r : results) {
     tmax = std::max(tmax, spread(r.step_ms).median);
-    mmax = std::max(mmax, mib(headline_bytes(r)));
+    mmax = std::max(mmax, mib(r.step_peak_bytes));
   }
   tmax = tmax > 0 ? tmax * 1.15 : 1;
   mmax = mmax > 0 ? mmax * 1.15 : 1;
@@ -180,7 +177,7 @@ void write_svg(const std::string& path, const RunConfig& c, const std::vector<Mo
   out << "<text x=\"" << (left + width - right) / 2 << "\" y=\"" << height - 18
       << "\" text-anchor=\"middle\">median step time (ms)</text>\n"
       << "<text transform=\"translate(20," << (top + height - bottom) / 2
-      << ") rotate(-90)\" text-anchor=\"middle\">peak memory (MiB)</text>\n";
+      << ") rotate(-90)\" text-anchor=\"middle\">step peak, allocator (MiB)</text>\n";
   // Labels go to the first of four places beside their point that no earlier
   // label covers (points of similar modes often sit close together).
   struct Box {
@@ -189,7 +186,7 @@ void write_svg(const std::string& path, const RunConfig& c, const std::vector<Mo
   std::vector<Box> placed;
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
-    double x = px(spread(r.step_ms).median), y = py(mib(headline_bytes(r)));
+    double x = px(spread(r.step_ms).median), y = py(mib(r.step_peak_bytes));
     const double w = 7.0 * r.label.size(), h = 14;
     const double candidates[4][2] = {{9, -8}, {9, 18}, {-9 - w, -8}, {-9 - w, 18}};
     double lx = x + 9, ly = y - 8;

@@ -17,10 +17,6 @@ struct Spread {
 };
 Spread spread(std::vector<double> v);
 
-/// The memory figure a chart and a comparison use: the CUDA allocator's peak
-/// on a GPU, the runtime's peak held bytes on CPU.
-int64_t headline_bytes(const ModeResult& r);
-
 void print_table(std::FILE* out, const RunConfig& config, const std::vector<ModeResult>& results);
 /// Per plan mode: its budget, what it held, its step, its blocks, and the
 /// configurations without a plan (none, graph-task, every n) that fit the

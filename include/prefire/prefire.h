@@ -2,6 +2,7 @@
 
 // Everything a training job needs from prefire.
 
+#include <prefire/allocator_meter.h>
 #include <prefire/checkpoint.h>
 #include <prefire/cuda.h>
 #include <prefire/errors.h>

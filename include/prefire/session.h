@@ -94,6 +94,7 @@ struct SessionStats {
   int64_t refused_prefires = 0;  // count: prefire() calls refused by the budget
   int64_t trim_misses = 0;       // count: unpacks of a tensor keep_only() dropped (recomputed per graph task)
   int64_t checkpoints = 0;       // count: checkpoints registered now, nested ones included
+  int64_t unused_prefires = 0;   // count: registered checkpoints prefired whose recomputation no pass has used yet
   std::optional<int64_t> budget_bytes;  // bytes: the cap, if any
 };
 

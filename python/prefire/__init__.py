@@ -29,6 +29,7 @@ if torch.__version__ != _build.TORCH_VERSION:
         f"--no-build-isolation <prefire>), or use the torch it was built for")
 
 from . import _C, cuda  # noqa: E402
+from ._allocator import AllocatorBytes, AllocatorPeak, allocator_bytes, count_cpu_allocations, reset_allocator_peak
 from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpoint_sequential, checkpoint_wrapper
 from ._meter import SavedTensorMeter
 from ._plan import (
@@ -61,6 +62,8 @@ from ._schedule import (
 )
 
 __all__ = [
+    "AllocatorBytes",
+    "AllocatorPeak",
     "BlockCost",
     "CheckpointError",
     "CheckpointHandle",
@@ -74,17 +77,20 @@ __all__ = [
     "RuntimeStats",
     "SavedTensorMeter",
     "SessionStats",
+    "allocator_bytes",
     "attach",
     "checkpoint",
     "checkpoint_sequential",
     "checkpoint_wrapper",
     "clear_session",
     "collect",
+    "count_cpu_allocations",
     "least_plan_bytes",
     "plan_bytes",
     "plan_checkpoints",
     "plan_for_budget",
     "prefire",
+    "reset_allocator_peak",
     "reset_runtime_peak",
     "runtime_stats",
     "session",

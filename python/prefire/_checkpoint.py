@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import threading
 import warnings
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
@@ -425,10 +426,31 @@ class CheckpointWrapper(torch_wrapper.CheckpointWrapper):
     checkpoint function: ``state_dict`` keys without the wrapper's prefix
     (a checkpoint saved with or without the wrapper loads into either),
     attribute lookups forwarded to the wrapped module, and recognised as a
-    checkpoint wrapper by distributed checkpointing and FSDP."""
+    checkpoint wrapper by distributed checkpointing and FSDP.
+
+    A module ``torch.compile`` made (``checkpoint_wrapper(torch.compile(layer))``)
+    is run compiled, and the wrapper holds the module it compiled: keys,
+    parameter names and attributes are the bare layer's, without
+    ``_orig_mod.``, so checkpoints load into the unwrapped, uncompiled model
+    and back."""
 
     def __init__(self, module: torch.nn.Module, **checkpoint_kwargs: Any) -> None:
-        super().__init__(module, torch_wrapper.CheckpointImpl.NO_REENTRANT, checkpoint, **checkpoint_kwargs)
+        self._wrap(module, checkpoint, checkpoint_kwargs)
+
+    def _wrap(self, module: torch.nn.Module, checkpoint_fn: Callable[..., Any], kwargs: Dict[str, Any]) -> None:
+        compiled = None
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was compiled
+        if eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
+            compiled, module = module, module._orig_mod
+        torch_wrapper.CheckpointWrapper.__init__(self, module, torch_wrapper.CheckpointImpl.NO_REENTRANT,
+                                                 checkpoint_fn, **kwargs)
+        # Not a submodule (no keys of its own): it runs the wrapped module's parameters.
+        self.__dict__["_prefire_compiled"] = compiled
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        compiled = self.__dict__["_prefire_compiled"]
+        run = compiled if compiled is not None else self._checkpoint_wrapped_module
+        return self.checkpoint_fn(run, *args, **kwargs)
 
 
 def checkpoint_wrapper(module: torch.nn.Module, **checkpoint_kwargs: Any) -> CheckpointWrapper:

@@ -2,9 +2,10 @@
 ``prefire.plan_checkpoints(model.layers, memory_budget=...)``.
 
 Note [Planning a plain model's blocks]
-The planner wraps every block in a :class:`PlannedBlock` (torch's
-``CheckpointWrapper``, so ``state_dict`` keys stay those of the bare block,
-and FSDP and distributed checkpointing recognise it). Block 0's forward
+The planner wraps every block in a :class:`PlannedBlock` (a
+:class:`prefire.CheckpointWrapper`, torch's ``CheckpointWrapper``, so
+``state_dict`` keys stay those of the bare block, a compiled block's
+included, and FSDP and distributed checkpointing recognise it). Block 0's forward
 begins a step; its inputs' shapes, dtypes and devices are the step's
 signature. The first step of a signature measures: every block is
 checkpointed (the least memory a plan can hold, up to blocks that save less
@@ -54,7 +55,7 @@ from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch
 from torch.utils import _pytree as pytree
 
 from . import _C, _schedule
-from ._checkpoint import checkpoint, checkpoint_bytes
+from ._checkpoint import CheckpointWrapper, checkpoint, checkpoint_bytes
 from ._selective import Policy, context_fn, mode_costs, policy, probing, selective_cost
 
 BlockCost = _C.BlockCost
@@ -165,7 +166,7 @@ class MemoryPlanner:
                 f"(least any plan holds: {least_plan_bytes(costs, _ONE_PASS)} bytes)")
 
     def run(self, index: int, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if _under_compile():
             raise RuntimeError("prefire.plan_checkpoints: plans eager steps and cannot run inside torch.compile; "
                                "compile inside the blocks instead (blocks[i] = torch.compile(blocks[i]) before "
                                "planning)")
@@ -239,13 +240,28 @@ class MemoryPlanner:
         _log.info("%s", self.describe())
 
 
-class PlannedBlock(torch_wrapper.CheckpointWrapper):
+def _under_compile() -> bool:
+    """Whether this runs inside torch.compile: traced, or run eagerly by
+    dynamo inside a compiled region (a frame it fell back on, as it does for
+    the planner's own raise below, runs with dynamo's frame callback still
+    set, and is_compiling() is False there)."""
+    if torch.compiler.is_compiling():
+        return True
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:  # another torch: is_compiling() alone
+        return False
+    return get_eval_frame_callback() not in (None, False)
+
+
+class PlannedBlock(CheckpointWrapper):
     """One block of a :class:`MemoryPlanner`: checkpointed or not, as the
     plan of the step's signature says. ``state_dict`` keys are those of the
-    bare block (torch's ``CheckpointWrapper``)."""
+    bare block (as :class:`prefire.CheckpointWrapper`'s, a compiled block's
+    included)."""
 
     def __init__(self, module: torch.nn.Module, planner: MemoryPlanner, index: int) -> None:
-        super().__init__(module, torch_wrapper.CheckpointImpl.NO_REENTRANT, functools.partial(planner.run, index))
+        self._wrap(module, functools.partial(planner.run, index), {})
         self.index = index
 
 

@@ -41,17 +41,40 @@ class collect:
         self._collector.close()
 
 
+def _session_id(session: object, what: str) -> int:
+    """``session`` as a session id, or a ValueError/TypeError in Python's words."""
+    if isinstance(session, bool) or not isinstance(session, int):
+        raise TypeError(f"prefire.{what}: a session id is an int >= 0, got {type(session).__name__} {session!r}")
+    if not 0 <= session < 2**63:
+        raise ValueError(f"prefire.{what}: a session id is an int in [0, 2**63), got {session}")
+    return session
+
+
+def _handle(handle: object, what: str) -> CheckpointHandle:
+    if not isinstance(handle, CheckpointHandle):
+        raise TypeError(f"prefire.{what}: handle must be a CheckpointHandle (from prefire.collect()), got "
+                        f"{type(handle).__name__}")
+    return handle
+
+
 class session:
     """``with session(id, retain_on_unpack=...):`` binds the backward passes
-    run inside it to session ``id``: they unpack the session's recomputations
-    (prefired, or recomputed by the first pass that needs one). With
-    ``retain_on_unpack=True`` a recomputed tensor stays for a later pass (B
-    before W); the last pass uses ``False``. Close the scope on the thread
+    run inside it to session ``id``: they unpack the recomputations of the
+    checkpoints registered to the session with :func:`prefire` (recomputed
+    ahead) or :func:`attach` (recomputed by the first pass that needs one),
+    and share them. A checkpoint not registered to it is recomputed by every
+    pass, as without a session: a scope alone shares nothing, and one that
+    ends with nothing registered while backward recomputed warns once (Note
+    [A session shares what is registered to it], src/session/session.h).
+    With ``retain_on_unpack=True`` a recomputed tensor stays for a later pass
+    (B before W); the last pass uses ``False``. Close the scope on the thread
     that opened it."""
 
     def __init__(self, id: int, retain_on_unpack: bool = False) -> None:
+        self._id = _session_id(id, "session")
+        if not isinstance(retain_on_unpack, bool):
+            raise TypeError(f"prefire.session: retain_on_unpack must be a bool, got {type(retain_on_unpack).__name__}")
         self._scope = _C._SessionScope()
-        self._id = id
         self._retain = retain_on_unpack
 
     def __enter__(self) -> "session":
@@ -64,20 +87,25 @@ class session:
 
 def prefire(handle: CheckpointHandle, session: int) -> PrefireStatus:
     """Recomputes the checkpoint now (on a CUDA device: on its prefire stream)
-    and keeps the result in ``session`` for the backward passes bound to it."""
-    return _C.prefire(handle, session)
+    and keeps the result in ``session`` for the backward passes bound to it
+    (``with prefire.session(session)``). A prefire that no pass of the
+    session uses before the session is cleared, or before its graph is freed,
+    is wasted: it warns once and counts in ``runtime_stats().wasted_prefires``."""
+    return _C.prefire(_handle(handle, "prefire"), _session_id(session, "prefire"))
 
 
 def attach(handle: CheckpointHandle, session: int) -> bool:
     """Registers the checkpoint with ``session`` without recomputing it: the
     first pass bound to the session that needs it recomputes it, later passes
     share the result."""
-    return _C.attach(handle, session)
+    return _C.attach(_handle(handle, "attach"), _session_id(session, "attach"))
 
 
 def clear_session(session: int) -> None:
-    """Releases everything ``session`` holds. Idempotent."""
-    _C.clear_session(session)
+    """Releases everything ``session`` holds and ends it (its counters start
+    from zero at its next use: read :func:`session_stats` first). Idempotent;
+    raises CheckpointError while a scope of the session is open."""
+    _C.clear_session(_session_id(session, "clear_session"))
 
 
 def set_session_budget(session: int, bytes: Optional[int]) -> None:
@@ -85,18 +113,26 @@ def set_session_budget(session: int, bytes: Optional[int]) -> None:
     would exceed it is refused and the checkpoint stays lazy. The cap belongs
     to the id: it outlives ``clear_session`` and caps the id's later sessions
     until removed with ``None``."""
+    session = _session_id(session, "set_session_budget")
+    if bytes is not None and (isinstance(bytes, bool) or not isinstance(bytes, int) or bytes < 0):
+        raise ValueError(f"prefire.set_session_budget: bytes must be an int >= 0, or None for no cap, got {bytes!r}")
     _C.set_session_budget(session, bytes)
 
 
 def session_stats(session: int) -> SessionStats:
-    return _C.session_stats(session)
+    """The counters of ``session`` (:class:`SessionStats`; all zero when it
+    does not exist, the budget either way)."""
+    return _C.session_stats(_session_id(session, "session_stats"))
 
 
 def runtime_stats() -> RuntimeStats:
+    """Process-wide counters (:class:`RuntimeStats`): recomputations, those
+    no session shared, wasted prefires, and the bytes prefire holds."""
     return _C.runtime_stats()
 
 
 def reset_runtime_peak() -> None:
+    """Starts new peak windows of :func:`runtime_stats` at the current values."""
     _C.reset_runtime_peak()
 
 

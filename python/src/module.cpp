@@ -34,6 +34,7 @@
 #include "../../src/memory/count_in_meter.h"
 
 #include <ATen/SavedTensorHooks.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -45,6 +46,7 @@
 #endif
 
 #include <chrono>
+#include <initializer_list>
 
 #include <memory>
 #include <optional>
@@ -225,6 +227,38 @@ struct PyScope {
   std::optional<Scope> scope;
 };
 
+/// Runs `f` without the GIL; what the runtime warns meanwhile (TORCH_WARN)
+/// becomes Python warnings when it returns, as in torch's own bindings.
+/// Errors keep their types (torch's HANDLE_TH_ERRORS would make a
+/// CheckpointError a RuntimeError).
+template <typename F>
+void warning_as_python(F&& f) {
+  try {
+    torch::PyWarningHandler warnings;
+    try {
+      py::gil_scoped_release no_gil;
+      f();
+    } catch (...) {
+      warnings.set_in_exception();
+      throw;
+    }
+  } catch (python_error& e) {  // a warning that the warning filters made an error
+    e.restore();
+    throw py::error_already_set();
+  }
+}
+
+/// `name(field=value, ...)` of a stats struct, for its __repr__.
+std::string fields_repr(const char* name, std::initializer_list<std::pair<const char*, std::string>> fields) {
+  std::string out = std::string(name) + "(";
+  const char* sep = "";
+  for (const auto& [field, value] : fields) {
+    out += sep + std::string(field) + "=" + value;
+    sep = ", ";
+  }
+  return out + ")";
+}
+
 }  // namespace
 }  // namespace prefire::python
 
@@ -272,7 +306,8 @@ PYBIND11_MODULE(_C, m) {
       .def("open", [](PyScope<SessionScope>& s, SessionId id, bool retain) {
         s.scope.emplace(id, SessionOptions{retain});
       })
-      .def("close", [](PyScope<SessionScope>& s) { s.scope.reset(); });
+      // Closing may warn (Note [A session shares what is registered to it]).
+      .def("close", [](PyScope<SessionScope>& s) { warning_as_python([&] { s.scope.reset(); }); });
 
   py::class_<PyScope<SavedTensorMeter>>(m, "_SavedTensorMeter")
       .def(py::init<>())
@@ -309,32 +344,67 @@ PYBIND11_MODULE(_C, m) {
   m.def("attach", &prefire::attach, py::arg("handle"), py::arg("session"),
         py::call_guard<py::gil_scoped_release>());
   m.def("kept_bytes", &prefire::kept_bytes, py::arg("handle"));
-  m.def("clear_session", &prefire::clear_session, py::arg("session"), py::call_guard<py::gil_scoped_release>());
+  m.def("clear_session", [](SessionId id) { warning_as_python([&] { prefire::clear_session(id); }); },
+        py::arg("session"));
   m.def("set_session_budget", &prefire::set_session_budget, py::arg("session"), py::arg("bytes"));
 
-  py::class_<SessionStats>(m, "SessionStats")
-      .def_readonly("current_bytes", &SessionStats::current_bytes)
-      .def_readonly("peak_bytes", &SessionStats::peak_bytes)
-      .def_readonly("pool_bytes", &SessionStats::pool_bytes)
-      .def_readonly("prefires", &SessionStats::prefires)
-      .def_readonly("lazy_recomputes", &SessionStats::lazy_recomputes)
-      .def_readonly("hits", &SessionStats::hits)
-      .def_readonly("refused_prefires", &SessionStats::refused_prefires)
-      .def_readonly("trim_misses", &SessionStats::trim_misses)
-      .def_readonly("checkpoints", &SessionStats::checkpoints)
-      .def_readonly("budget_bytes", &SessionStats::budget_bytes);
+  py::class_<SessionStats>(m, "SessionStats",
+                           "The counters of one session (prefire.session_stats(id)); counts since the session's first "
+                           "use after it last ended, bytes now and at the peak.")
+      .def_readonly("current_bytes", &SessionStats::current_bytes, "bytes: recomputed tensors the session holds now")
+      .def_readonly("peak_bytes", &SessionStats::peak_bytes, "bytes: the most current_bytes has been")
+      .def_readonly("pool_bytes", &SessionStats::pool_bytes,
+                    "bytes: the part of current_bytes in the CUDA session buffer pool")
+      .def_readonly("prefires", &SessionStats::prefires, "checkpoints recomputed ahead by prefire()")
+      .def_readonly("lazy_recomputes", &SessionStats::lazy_recomputes,
+                    "checkpoints recomputed by the first pass that needed them (attach)")
+      .def_readonly("hits", &SessionStats::hits, "unpacks served from a recomputation the session already held")
+      .def_readonly("refused_prefires", &SessionStats::refused_prefires, "prefire() calls the budget refused")
+      .def_readonly("trim_misses", &SessionStats::trim_misses,
+                    "unpacks of a tensor keep_only() dropped (recomputed for that backward alone)")
+      .def_readonly("checkpoints", &SessionStats::checkpoints, "checkpoints registered now, nested ones included")
+      .def_readonly("unused_prefires", &SessionStats::unused_prefires,
+                    "registered checkpoints prefired whose recomputation no pass has used yet")
+      .def_readonly("budget_bytes", &SessionStats::budget_bytes, "bytes: the session's cap, or None")
+      .def("__repr__", [](const SessionStats& s) {
+        auto str = [](int64_t v) { return std::to_string(v); };
+        return fields_repr("SessionStats",
+                           {{"current_bytes", str(s.current_bytes)}, {"peak_bytes", str(s.peak_bytes)},
+                            {"pool_bytes", str(s.pool_bytes)}, {"prefires", str(s.prefires)},
+                            {"lazy_recomputes", str(s.lazy_recomputes)}, {"hits", str(s.hits)},
+                            {"refused_prefires", str(s.refused_prefires)}, {"trim_misses", str(s.trim_misses)},
+                            {"checkpoints", str(s.checkpoints)}, {"unused_prefires", str(s.unused_prefires)},
+                            {"budget_bytes", s.budget_bytes ? str(*s.budget_bytes) : "None"}});
+      });
   m.def("session_stats", &prefire::session_stats, py::arg("session"));
   // Note [A session keeps what the next pass reads] (src/session/keep_only.cpp)
   m.def("pass_reads", &prefire::pass_reads, py::arg("session"));
   m.def("keep_only", &prefire::keep_only, py::arg("session"), py::arg("keep"),
         py::call_guard<py::gil_scoped_release>());
 
-  py::class_<RuntimeStats>(m, "RuntimeStats")
-      .def_readonly("recomputations", &RuntimeStats::recomputations)
-      .def_readonly("recomputed_bytes", &RuntimeStats::recomputed_bytes)
-      .def_readonly("peak_recomputed_bytes", &RuntimeStats::peak_recomputed_bytes)
-      .def_readonly("held_bytes", &RuntimeStats::held_bytes)
-      .def_readonly("peak_held_bytes", &RuntimeStats::peak_held_bytes);
+  py::class_<RuntimeStats>(m, "RuntimeStats",
+                           "Process-wide counters (prefire.runtime_stats()): counts since start, bytes now and at the "
+                           "peak since start or reset_runtime_peak().")
+      .def_readonly("recomputations", &RuntimeStats::recomputations, "recomputations of a checkpoint, any key")
+      .def_readonly("unshared_recomputations", &RuntimeStats::unshared_recomputations,
+                    "the part of recomputations no session kept (one per backward that needed it)")
+      .def_readonly("wasted_prefires", &RuntimeStats::wasted_prefires,
+                    "prefired checkpoints released before any pass of their session used them")
+      .def_readonly("recomputed_bytes", &RuntimeStats::recomputed_bytes, "bytes: recomputed tensors held now")
+      .def_readonly("peak_recomputed_bytes", &RuntimeStats::peak_recomputed_bytes,
+                    "bytes: the most recomputed_bytes has been")
+      .def_readonly("held_bytes", &RuntimeStats::held_bytes,
+                    "bytes: recomputed_bytes plus what active SavedTensorMeters count")
+      .def_readonly("peak_held_bytes", &RuntimeStats::peak_held_bytes, "bytes: the most held_bytes has been")
+      .def("__repr__", [](const RuntimeStats& s) {
+        auto str = [](int64_t v) { return std::to_string(v); };
+        return fields_repr("RuntimeStats",
+                           {{"recomputations", str(s.recomputations)},
+                            {"unshared_recomputations", str(s.unshared_recomputations)},
+                            {"wasted_prefires", str(s.wasted_prefires)}, {"recomputed_bytes", str(s.recomputed_bytes)},
+                            {"peak_recomputed_bytes", str(s.peak_recomputed_bytes)},
+                            {"held_bytes", str(s.held_bytes)}, {"peak_held_bytes", str(s.peak_held_bytes)}});
+      });
   m.def("runtime_stats", &prefire::runtime_stats);
   m.def("reset_runtime_peak", &prefire::reset_runtime_peak);
   m.def("set_recompute_observer", [](const py::object& observer) { set_recompute_observer(wrap_observer(observer)); },
@@ -393,6 +463,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("least_plan_bytes", &prefire::least_plan_bytes, py::arg("blocks"), py::arg("release"));
   m.def("plan_bytes", &prefire::plan_bytes, py::arg("blocks"), py::arg("checkpointed"), py::arg("prefire_ahead"),
         py::arg("release"), py::arg("selective") = std::vector<bool>{});
+
+  // What the allocators hold (allocator_meter.h): every allocation, not prefire's census.
+  py::class_<AllocatorBytes>(m, "AllocatorBytes", "Live bytes of a device's allocator: now and at the peak.")
+      .def_readonly("current", &AllocatorBytes::current, "bytes: allocated and not yet freed")
+      .def_readonly("peak", &AllocatorBytes::peak, "bytes: the most `current` has been since the last peak reset")
+      .def("__repr__", [](const AllocatorBytes& b) {
+        return fields_repr("AllocatorBytes", {{"current", std::to_string(b.current)}, {"peak", std::to_string(b.peak)}});
+      });
+  m.def("count_cpu_allocations", &prefire::count_cpu_allocations);
+  m.def("allocator_bytes", &prefire::allocator_bytes, py::arg("device"));
+  m.def("reset_allocator_peak", &prefire::reset_allocator_peak, py::arg("device"));
 
   // CUDA knobs (no-ops, or 0, without CUDA).
   m.def("cuda_available", &prefire::cuda_available);

@@ -224,7 +224,10 @@ at::Tensor Frame::unpack(size_t slot) {
     SessionCore& session = *s->registration->session;
     Recomputation& r = s->registration->recomputation;
     // See Note [A session keeps what the next pass reads] in session/keep_only.cpp.
-    if (!s->for_nested_prefire) s->registration->reads->mark(slot);
+    if (!s->for_nested_prefire) {
+      s->registration->reads->mark(slot);
+      s->registration->used.store(true, std::memory_order_release);
+    }
     if (r.trimmed(slot)) {
       session.trim_misses.fetch_add(1, std::memory_order_relaxed);
       return unpack_by_graph_task(slot, full_extent());
@@ -382,7 +385,7 @@ at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional
   if (!t->defined()) {
     throw CheckpointError(c10::str(
         "prefire::checkpoint: saved tensor ", slot, " was not produced by the recomputation (it saved fewer "
-        "tensors than forward, and determinism_check = none let that pass)"));
+        "tensors than forward, and determinism_check \"none\" let that pass)"));
   }
   if (hand_over && r.ready()) r.ready()->hand_over(*t);  // See Note [Stream ordering of prefire]
   return std::move(*t);
@@ -431,6 +434,7 @@ bool Frame::prefire(Registration& registration) {
                                                        full_extent());
   if (!event) return false;
   registration.session->prefires.fetch_add(1, std::memory_order_relaxed);
+  registration.prefired.store(true, std::memory_order_release);
   notify_recompute(*event);
   return true;
 }

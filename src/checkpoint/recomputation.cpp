@@ -15,6 +15,8 @@
 #include <prefire/errors.h>
 #include <prefire/stats.h>
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <atomic>
 
@@ -22,9 +24,28 @@ namespace prefire::detail {
 
 namespace {
 std::atomic<int64_t> g_recomputations{0};
+std::atomic<int64_t> g_unshared_recomputations{0};
+std::atomic<int64_t> g_wasted_prefires{0};
+}  // namespace
+
+void count_recomputation(bool in_session) {
+  g_recomputations.fetch_add(1, std::memory_order_relaxed);
+  if (!in_session) g_unshared_recomputations.fetch_add(1, std::memory_order_relaxed);
 }
 
-void count_recomputation() { g_recomputations.fetch_add(1, std::memory_order_relaxed); }
+int64_t unshared_recomputations() { return g_unshared_recomputations.load(std::memory_order_relaxed); }
+
+void count_wasted_prefire(int64_t session) noexcept {
+  g_wasted_prefires.fetch_add(1, std::memory_order_relaxed);
+  try {
+    TORCH_WARN_ONCE("prefire: a checkpoint prefired into session ", session, " was released before any backward pass "
+                    "used its recomputation (the passes ran outside a session scope of ", session, ", or the session "
+                    "was cleared first): that recomputation was wasted and the backward recomputed again. Run the "
+                    "passes inside the session's scope (prefire::SessionScope; Python: with prefire.session(", session,
+                    ")). RuntimeStats::wasted_prefires counts these.");
+  } catch (...) {  // a warning handler that throws must not escape a release
+  }
+}
 
 Recomputation::~Recomputation() { drop_all_locked(); }
 
@@ -168,6 +189,8 @@ namespace prefire {
 RuntimeStats runtime_stats() {
   RuntimeStats s;
   s.recomputations = detail::g_recomputations.load(std::memory_order_relaxed);
+  s.unshared_recomputations = detail::g_unshared_recomputations.load(std::memory_order_relaxed);
+  s.wasted_prefires = detail::g_wasted_prefires.load(std::memory_order_relaxed);
   s.recomputed_bytes = detail::global_recomputed_bytes().current();
   s.peak_recomputed_bytes = detail::global_recomputed_bytes().peak();
   s.held_bytes = detail::global_held_bytes().current();

@@ -21,8 +21,16 @@
 
 namespace prefire::detail {
 
-/// Counts one recomputation in RuntimeStats.
-void count_recomputation();
+/// Counts one recomputation in RuntimeStats; `in_session`: keyed by a
+/// session (else by a backward graph task, a GraphExecGroup, or no key).
+void count_recomputation(bool in_session);
+/// Recomputations since start that no session kept (RuntimeStats::unshared_recomputations).
+int64_t unshared_recomputations();
+/// A checkpoint prefired into session `session` was let go with no pass
+/// having used its recomputation: counts it in RuntimeStats and warns (once
+/// per process). Never throws. See Note [A session shares what is registered to it]
+/// in session/session.h.
+void count_wasted_prefire(int64_t session) noexcept;
 
 class ReadyEvent;
 

@@ -102,7 +102,7 @@ bool RecomputeCapture::store(size_t index, const at::Tensor& tensor) {
           ") differs between forward and recomputation: forward ", forward.to_string(), ", recompute ",
           SlotMetadata::of(tensor).to_string(),
           ". The checkpointed function is not deterministic in its shapes, dtypes or devices; make it so, "
-          "or pass determinism_check = none to skip this check"));
+          "or turn the check off (determinism_check=\"none\"; C++: DeterminismCheck::kNone)"));
     }
     if (forward.checksum) {
       const uint64_t recomputed_sum = tensor_checksum(tensor);
@@ -167,7 +167,7 @@ RecomputeEvent recompute(const RecomputeSource& source, Recomputation& r, Recomp
     }
     if (run) r.set_ready(run->finish());
   }
-  count_recomputation();
+  count_recomputation(session.has_value());
   if (!capture.stopped() && capture.count() < extent.slots &&
       source.options.determinism_check != DeterminismCheck::kNone) {
     throw CheckpointError(c10::str(

@@ -66,10 +66,24 @@ struct Registration {
       : session(std::move(core)),
         recomputation(session->bytes, session->pool_bytes),
         reads(std::make_shared<SlotReads>(slots)) {}
+  /// A prefire nobody used is reported as it goes; see Note [A session shares
+  /// what is registered to it] in session/session.h.
+  ~Registration() {
+    if (unused_prefire()) count_wasted_prefire(session->id);
+  }
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+
+  /// Whether prefire() recomputed into this registration and no pass has unpacked from it yet.
+  bool unused_prefire() const {
+    return prefired.load(std::memory_order_acquire) && !used.load(std::memory_order_acquire);
+  }
 
   const std::shared_ptr<SessionCore> session;
   Recomputation recomputation;  // shared by every pass of the session
   const std::shared_ptr<SlotReads> reads;
+  std::atomic<bool> prefired{false};  // prefire() ran `recomputation`
+  std::atomic<bool> used{false};      // a pass of the session unpacked from it
 };
 
 }  // namespace prefire::detail

@@ -7,6 +7,8 @@
 #include "hooks/thread_state.h"
 #include "profiling/nvtx.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -105,7 +107,10 @@ std::vector<std::shared_ptr<Registration>> Session::register_locked(const std::v
       added.push_back(frame);
       if (frames.size() >= 64 && frames.size() % 64 == 0) prune_locked();
       frames.push_back({frame, registrations.back()->reads});
-      if (scope_open) frame->bind(true);
+      if (scope_open) {
+        frame->bind(true);
+        scope_had_checkpoints = true;
+      }
     }
   } catch (...) {
     unregister_locked(added);
@@ -188,6 +193,8 @@ SessionScope::SessionScope(SessionId id, SessionOptions options) {
   session->scope_open = true;
   session->core->retain_on_unpack.store(options.retain_on_unpack, std::memory_order_release);
   session->prune_locked();
+  session->scope_had_checkpoints = !session->frames.empty();
+  session->unshared_at_open = detail::unshared_recomputations();
   for (const auto& registered : session->frames) {
     if (auto frame = registered.frame.lock()) frame->bind(true);
     registered.reads->clear();  // a pass begins
@@ -203,6 +210,7 @@ SessionScope::~SessionScope() {
     detail::fatal_misuse("the SessionScope of session " + std::to_string(session_->id()) +
                          " was destroyed on another thread than the one that opened it");
   }
+  bool shared_nothing = false;
   {
     std::lock_guard<std::mutex> lock(session_->mu);
     // See Note [The last pass lets go when it ends].
@@ -214,8 +222,20 @@ SessionScope::~SessionScope() {
       }
     }
     session_->scope_open = false;
+    shared_nothing = !session_->scope_had_checkpoints &&
+                     detail::unshared_recomputations() > session_->unshared_at_open;
   }
   detail::this_thread().session_scope = nullptr;
+  if (shared_nothing) {
+    try {  // See Note [A session shares what is registered to it].
+      TORCH_WARN_ONCE("prefire: session ", session_->id(), "'s scope ended with no checkpoint registered to it, while "
+                      "backward recomputed checkpoints outside any session: a session shares only the checkpoints "
+                      "registered to it before its passes, so each pass recomputed them. Register them with "
+                      "prefire::prefire or prefire::attach (Python: prefire.prefire / prefire.attach on the handles "
+                      "of prefire.collect()) before the first pass.");
+    } catch (...) {  // a destructor never throws
+    }
+  }
 }
 
 SessionId SessionScope::id() const { return session_->id(); }
@@ -266,7 +286,13 @@ SessionStats session_stats(SessionId id) {
   stats.hits = core.hits.load();
   stats.refused_prefires = core.refused_prefires.load();
   stats.trim_misses = core.trim_misses.load();
-  for (const auto& registered : session->frames) stats.checkpoints += registered.frame.expired() ? 0 : 1;
+  for (const auto& registered : session->frames) {
+    auto frame = registered.frame.lock();
+    if (!frame) continue;
+    stats.checkpoints += 1;
+    auto registration = frame->registration_in(core);
+    stats.unused_prefires += registration && registration->unused_prefire() ? 1 : 0;
+  }
   stats.budget_bytes = session->budget;
   return stats;
 }

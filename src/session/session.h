@@ -56,6 +56,26 @@
 // charge is dropped when the prefire ends (its tensors then count as current
 // bytes). Lazy recomputation into a session (attach) is not budgeted.
 //
+// Note [A session shares what is registered to it]
+// A session serves only the checkpoints registered to it (prefire, attach)
+// before or during its passes. A scope around backward passes does not
+// register the checkpoints they recompute: the unpack that would have to
+// runs on whatever thread autograd picks (CUDA: a device thread), which does
+// not see the scope, so joining there would share on the CPU and silently
+// not on a GPU. Instead the two ways to lose the work are made loud:
+//  * A scope that ends with no checkpoint registered while it was open, and
+//    during which some recomputation was keyed by a graph task (no session),
+//    warns once per process: the user opened sessions around B and W and
+//    expected them to share, and each pass recomputed. The count is
+//    process-wide (a recomputation on another thread may be the one seen);
+//    a scope with nothing registered shares nothing, so a warning there is
+//    never about a scope that did its job.
+//  * A prefire whose recomputation no pass of its session unpacked is
+//    counted (RuntimeStats::wasted_prefires) and warned about once per
+//    process when its registration goes: at clear_session(), or when its
+//    graph is freed (a backward outside the session's scope).
+//    SessionStats::unused_prefires says how many are pending now.
+//
 // Lock order: registry, then a session, then a frame, then a recomputation's
 // single flight. No lock is held while user code (checkpointed functions,
 // context hooks, observers) runs.
@@ -89,6 +109,9 @@ class Session {
   };
   std::vector<Registered> frames;  // registered checkpoints, nested ones included, in order
   bool scope_open = false;
+  // Of the open scope; see Note [A session shares what is registered to it].
+  bool scope_had_checkpoints = false;  // a checkpoint was registered while it was open
+  int64_t unshared_at_open = 0;        // count: unshared_recomputations() when it opened
   std::optional<int64_t> budget;  // bytes: the registry's budget of this id, copied to be read under `mu`
   int64_t charged = 0;            // bytes: forward bytes of prefires running now; see Note [Session budgets]
   bool ended = false;             // left the registry; see Note [Session registry]

@@ -288,6 +288,27 @@ def test_compile_with_inductor_close_to_torchs_checkpoint(tmp_path, monkeypatch)
         torch.testing.assert_close(g, e)
 
 
+def test_a_wrapped_compiled_layer_saves_and_loads_as_the_bare_layer():
+    # checkpoint_wrapper(torch.compile(layer)), the recipe that keeps prefire's runtime around compiled math
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    wrapped = prefire.checkpoint_wrapper(torch.compile(layer, backend="aot_eager"))
+    assert list(wrapped.state_dict()) == list(layer.state_dict())  # no _orig_mod., no wrapper prefix
+    assert [n for n, _ in wrapped.named_parameters()] == [n for n, _ in layer.named_parameters()]
+    assert wrapped[0] is layer[0]  # attribute lookups reach the bare layer
+    torch.manual_seed(1)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    missing, unexpected = plain.load_state_dict(wrapped.state_dict())
+    assert not missing and not unexpected
+    missing, unexpected = wrapped.load_state_dict(plain.state_dict())
+    assert not missing and not unexpected
+    x = torch.randn(4, 8, requires_grad=True)
+    before = prefire.runtime_stats().recomputations
+    got = torch.autograd.grad(wrapped(x).sum(), [x, *layer.parameters()])
+    assert prefire.runtime_stats().recomputations - before == 1  # prefire's checkpoint ran the compiled layer
+    assert_bit_equal(list(got), list(torch.autograd.grad(layer(x).sum(), [x, *layer.parameters()])))
+
+
 def test_prefire_around_a_compiled_block_shares_one_recomputation_between_b_and_w():
     blocks, x, gy = setup()
     expected = split_step(blocks, lambda b, h: b(h), x, gy)

@@ -15,8 +15,8 @@ from torch.distributed import pipelining as pp
 import prefire
 from prefire import _pipeline_plan, pipelining
 from prefire._selective import ModeCosts
-from prefire.pipeline.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
-from prefire.pipeline.sweep import plan_letters
+from prefire.pipeline_bench.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
+from prefire.pipeline_bench.sweep import plan_letters
 
 TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
 
@@ -345,10 +345,10 @@ def test_a_forward_that_changes_its_checkpoint_calls_is_refused(one_rank):
 
 
 def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(no_children_left):
-    from prefire.pipeline import run
-    from prefire.pipeline.config import RunConfig
-    from prefire.pipeline.simulate import search
-    from prefire.pipeline.sweep import TORCH, rows, table
+    from prefire.pipeline_bench import run
+    from prefire.pipeline_bench.config import RunConfig
+    from prefire.pipeline_bench.simulate import search
+    from prefire.pipeline_bench.sweep import TORCH, rows, table
 
     cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=TORCH + ("session", "plan", "plan-selective"),
                     memory_budgets=(0.0, 0.5, 2.0), meter_blocks=True, steps=2, warmup=2, timeout_s=120)
@@ -393,9 +393,9 @@ def test_a_uniform_budget_gives_every_rank_the_share_of_the_most_none_held_on_an
     """uniform_budget: one budget for every rank (what an SPMD script passes),
     a share of the most none held on any rank, where the default gives each
     rank a share of its own."""
-    from prefire.pipeline import run
-    from prefire.pipeline.config import RunConfig
-    from prefire.pipeline.sweep import rows
+    from prefire.pipeline_bench import run
+    from prefire.pipeline_bench.config import RunConfig
+    from prefire.pipeline_bench.sweep import rows
 
     summaries = {uniform: run(RunConfig(model=TINY, schedule="zbv", modes=("none", "plan"), memory_budgets=(1.0,),
                                         uniform_budget=uniform, meter_blocks=True, steps=2, warmup=2,
@@ -415,9 +415,9 @@ def test_bubble_prefires_under_a_memory_budget_keep_it_on_two_ranks_with_exact_g
     """enable(schedule, bubble=True, memory_budget=...): bubble prefires
     hold their recomputations in the sessions, within what the plan left
     them; the budget holds in every step and the gradients stay exact."""
-    from prefire.pipeline import run
-    from prefire.pipeline.config import RunConfig
-    from prefire.pipeline.sweep import rows
+    from prefire.pipeline_bench import run
+    from prefire.pipeline_bench.config import RunConfig
+    from prefire.pipeline_bench.sweep import rows
 
     cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("none", "plan-bubble"), memory_budgets=(0.0, 0.5),
                     meter_blocks=True, steps=3, warmup=3, timeout_s=120)

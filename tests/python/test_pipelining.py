@@ -2,7 +2,7 @@
 
 In one process: a ZBV schedule whose two stages share the rank (no
 receives), where sessions alone decide the recomputation count. Across
-processes: the pipeline program (prefire.pipeline) on 2 ranks over Gloo,
+processes: the pipeline program (prefire.pipeline_bench) on 2 ranks over Gloo,
 every mode, started and torn down by the test."""
 
 import re
@@ -14,9 +14,9 @@ from torch.distributed import pipelining as pp
 
 import prefire
 from prefire import pipelining
-from prefire.pipeline import run
-from prefire.pipeline.config import RunConfig
-from prefire.pipeline.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
+from prefire.pipeline_bench import run
+from prefire.pipeline_bench.config import RunConfig
+from prefire.pipeline_bench.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
 
 TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
 
@@ -272,12 +272,18 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
     assert summary["noisy"] == (h is not None and bound is not None and h > bound + 0.01)
     assert set(summary["rounds"]["step_s"]) == set(summary["modes"])
     assert all(v["min"] <= v["max"] and len(v["per_round"]) == 1 for v in summary["rounds"]["step_s"].values())
-    from prefire.pipeline.report import table
+    from prefire.pipeline_bench.report import table
 
     text = table(summary)
     assert "step ms over 1 round (min-max)" in text
     assert ("NOISY RUN" in text) == summary["noisy"]
     assert set(summary["timelines"]) == set(summary["modes"])
+    # memory by the allocator, for every mode, no checkpointing and torch's included
+    assert "step peak MiB" in text
+    for mode, m in summary["modes"].items():
+        for r in m["ranks"]:
+            assert r["step_peak_bytes"] > 0, (mode, r["rank"])
+            assert r["step_peak_bytes"] >= r["peak_held_bytes"], (mode, r)  # the census is part of what it sees
 
 
 def test_held_bytes_fall_with_the_budget_down_to_one_pass_on_two_ranks(no_children_left):
@@ -309,7 +315,7 @@ def test_held_bytes_fall_with_the_budget_down_to_one_pass_on_two_ranks(no_childr
     assert fell  # a rank that held more than one pass with sessions alone
     # rank 1's stages both split B and W: at budget 0 each block is recomputed for B and again for W
     assert set(modes["budget 0%"]["ranks"][1]["recomputations_per_block_per_micro_batch"].values()) == {2}
-    from prefire.pipeline.report import table
+    from prefire.pipeline_bench.report import table
 
     text = table(summary)
     sweep = text[text.index("budget sweep, per rank"):].splitlines()
@@ -330,7 +336,7 @@ def test_eval_after_training_with_bubbles_recomputes_nothing(no_children_left):
 
 
 def test_hideable_recomputation_fills_waits_with_forwarded_micro_batches_whose_backward_comes_first():
-    from prefire.pipeline.report import hideable_s
+    from prefire.pipeline_bench.report import hideable_s
 
     # two micro-batches' checkpoints, 1 s of recomputation each
     events = [
@@ -359,13 +365,13 @@ def test_a_rank_past_its_deadline_ends_the_run_and_leaves_no_process(no_children
 
 
 def test_an_h_above_its_bound_is_reported_as_a_noisy_run_with_the_spread_across_rounds():
-    from prefire.pipeline.report import summarize, table
+    from prefire.pipeline_bench.report import summarize, table
 
     def ranks(step_s, hideable_s=0.1):
         return [{"rank": r, "stages": [r], "step_s": step_s, "hideable_s": hideable_s, "timeline": {},
                  "recomputations_per_block_per_micro_batch": {"0": 1.0}, "recompute_s": 0.2,
-                 "recompute_bubble_s": 0.0, "wait_s": 0.1, "peak_held_bytes": 0, "rss_growth_bytes": 0,
-                 "peak_rss_bytes": 0} for r in range(2)]
+                 "recompute_bubble_s": 0.0, "wait_s": 0.1, "peak_held_bytes": 0, "step_peak_bytes": 0}
+                for r in range(2)]
 
     # session 1.0 s, none 0.6 s, waits hold 0.1 s: H can be at most 0.25
     rounds = {"none": [ranks(0.6), ranks(0.62)], "session": [ranks(1.0), ranks(1.1)],
@@ -383,7 +389,43 @@ def test_an_h_above_its_bound_is_reported_as_a_noisy_run_with_the_spread_across_
 
     rounds["bubble"] = [ranks(0.95), ranks(0.96)]  # within the bound: not noisy
     runs = {mode: ranks(per_round[0][0]["step_s"]) for mode, per_round in rounds.items()}
-    assert not summarize({}, runs, grads, rounds)["noisy"]
+    summary = summarize({}, runs, grads, rounds)
+    assert not summary["noisy"]
+    assert "H below 0" not in table(summary)
+
+    rounds["bubble"] = [ranks(1.05), ranks(1.02)]  # slower than session: H < 0, and the table says what that means
+    runs = {mode: ranks(per_round[0][0]["step_s"]) for mode, per_round in rounds.items()}
+    summary = summarize({}, runs, grads, rounds)
+    assert summary["hidden_fraction"]["overall"] < 0
+    assert "H below 0: bubble mode's step came out slower than session mode's" in table(summary)
+
+
+def test_the_program_says_every_flag_with_its_default_and_one_list_of_modes(capsys):
+    from prefire.pipeline_bench.config import MODES, SWEEP_MODES
+    from prefire.pipeline_bench.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--blocks", "--dim", "--heads", "--seq", "--vocab", "--batch", "--micro-batches", "--world",
+                 "--schedule", "--steps", "--rounds", "--warmup", "--budgets", "--timeout"):
+        option = text[text.rindex(flag + " "):]  # its help line, after the usage line
+        assert "(default:" in option[:400], flag  # every flag says its default
+    assert "from: " + ", ".join(MODES + SWEEP_MODES) in text  # the modes the program accepts, all of them
+    with pytest.raises(SystemExit):
+        main(["--modes", "lazy"])
+    said = " ".join(capsys.readouterr().err.split())
+    assert "choose from " + ", ".join(MODES + SWEEP_MODES) in said
+
+
+def test_the_old_program_name_says_what_replaced_it():
+    import importlib
+    import sys
+
+    sys.modules.pop("prefire.pipeline", None)
+    with pytest.raises(ImportError, match="renamed prefire.pipeline_bench.*python -m prefire.pipeline_bench"):
+        importlib.import_module("prefire.pipeline")
 
 
 def test_program_rejects_what_it_cannot_run():

@@ -253,6 +253,35 @@ def test_misuse_is_a_clear_error():
         out_of_order[2](out_of_order[0](x))
 
 
+def test_compiling_a_model_over_planned_blocks_says_to_compile_inside_them():
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = blocks_of([8, 8], dropout=0.0)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    model = Model()
+    prefire.plan_checkpoints(model.layers, memory_budget=10**9)
+    x = torch.randn(2, 24, requires_grad=True)
+    with pytest.raises(RuntimeError, match="cannot run inside torch.compile; compile inside the blocks"):
+        torch.compile(model, backend="aot_eager")(x).sum().backward()
+    # The recipe the message gives: compiled blocks, planned; then an eager step plans them.
+    torch._dynamo.reset()
+    model = Model()
+    expected = torch.autograd.grad(model(x).sum(), [x])
+    for i in range(len(model.layers)):
+        model.layers[i] = torch.compile(model.layers[i], backend="aot_eager")
+    planner = prefire.plan_checkpoints(model.layers, memory_budget=10**9)
+    assert list(model.state_dict()) == list(Model().state_dict())  # the bare blocks' keys: no _orig_mod.
+    got = torch.autograd.grad(model(x).sum(), [x])
+    assert planner.plan is not None
+    assert_bit_equal(got, expected)
+
+
 def test_the_planner_core_from_python():
     blocks = [prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0),
               prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=3.0)]

@@ -157,3 +157,110 @@ def test_cuda_knobs_without_a_gpu_are_harmless_and_the_stream_is_prefires_own():
     assert stream == prefire.cuda.prefire_stream(0)
     assert stream != torch.cuda.current_stream(0)
     assert all(torch.cuda.Stream(0) != stream for _ in range(64))
+
+
+@pytest.fixture
+def warn_always():
+    """TORCH_WARN_ONCE warns every time (torch's switch), so each test sees its warning."""
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    yield
+    torch.set_warn_always(before)
+
+
+def test_session_scopes_alone_around_b_and_w_recompute_in_each_pass_and_warn(warn_always):
+    # Note [A session shares what is registered to it]: nothing registered, nothing shared, and said so
+    blocks, x, gy = setup()
+    expected = split_step(blocks, lambda b, h: b(h), x, gy)
+    runs(blocks)
+    before = prefire.runtime_stats()
+    with pytest.warns(UserWarning, match="ended with no checkpoint registered to it.*prefire.attach") as seen:
+        got = split_step(blocks, prefire.checkpoint, x, gy, prefire.session(4, retain_on_unpack=True),
+                         prefire.session(4))
+    assert len([w for w in seen if "no checkpoint registered" in str(w.message)]) == 2  # each scope
+    assert_bit_equal(got, expected)
+    assert all(r >= 3 for r in runs(blocks))  # forward, B, and W's backward calls: nothing shared
+    after = prefire.runtime_stats()
+    assert after.unshared_recomputations - before.unshared_recomputations == after.recomputations - before.recomputations
+    prefire.clear_session(4)
+
+
+def test_session_scopes_alone_around_two_backward_calls_warn(warn_always):
+    blocks, x, gy = setup()
+    y = prefire.checkpoint(blocks[0], x)
+    with pytest.warns(UserWarning, match="ended with no checkpoint registered to it"):
+        with prefire.session(5, retain_on_unpack=True):
+            y.sum().backward(retain_graph=True)
+        with prefire.session(5):
+            y.mean().backward()
+    prefire.clear_session(5)
+
+
+def test_attached_checkpoints_share_one_recomputation_in_both_splits_without_a_warning(warn_always):
+    import warnings
+
+    blocks, x, gy = setup()
+    for split in ("b-then-w", "two-backward-calls"):
+        runs(blocks)
+        with prefire.collect() as handles:
+            y = prefire.checkpoint(blocks[0], x)
+        for h in handles:
+            prefire.attach(h, 6)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any warning fails the test
+            if split == "b-then-w":
+                with prefire.session(6, retain_on_unpack=True):
+                    torch.autograd.grad(y.sum(), [x], retain_graph=True)
+                with prefire.session(6):
+                    torch.autograd.grad(y.sum(), list(blocks[0].parameters()))
+            else:
+                with prefire.session(6, retain_on_unpack=True):
+                    y.sum().backward(retain_graph=True)
+                with prefire.session(6):
+                    y.mean().backward()
+            prefire.clear_session(6)
+        assert runs(blocks)[0] == 2, split  # forward and one shared recomputation
+
+
+def test_a_prefire_no_pass_used_warns_and_counts_as_wasted(warn_always):
+    blocks, x, gy = setup()
+    with prefire.collect() as handles:
+        y = prefire.checkpoint(blocks[0], x)
+    prefire.prefire(handles[0], 7)
+    assert prefire.session_stats(7).unused_prefires == 1
+    wasted = prefire.runtime_stats().wasted_prefires
+    with pytest.warns(UserWarning, match="prefired into session 7 was released before any backward pass used"):
+        y.sum().backward()  # outside the session's scope: its own recomputation; the graph goes, the prefire too
+    assert prefire.runtime_stats().wasted_prefires == wasted + 1
+    prefire.clear_session(7)
+
+    with prefire.collect() as handles:
+        y = prefire.checkpoint(blocks[0], x)
+    prefire.prefire(handles[0], 8)
+    with pytest.warns(UserWarning, match="prefired into session 8"):
+        prefire.clear_session(8)  # cleared before any pass
+    assert prefire.runtime_stats().wasted_prefires == wasted + 2
+    del y
+
+
+def test_stats_print_their_fields_and_bad_arguments_are_python_errors():
+    stats = prefire.session_stats(9)
+    assert repr(stats).startswith("SessionStats(current_bytes=0, ") and "unused_prefires=0" in repr(stats)
+    assert "budget_bytes=None" in repr(stats)
+    assert repr(prefire.runtime_stats()).startswith("RuntimeStats(recomputations=")
+    assert "session_stats" in prefire.SessionStats.__doc__ and "runtime_stats" in prefire.RuntimeStats.__doc__
+    assert "prefire()" in prefire.SessionStats.prefires.__doc__
+    assert "no session kept" in prefire.RuntimeStats.unshared_recomputations.__doc__
+    for call, error, words in [
+        (lambda: prefire.session("a"), TypeError, "prefire.session: a session id is an int"),
+        (lambda: prefire.session(2**70), ValueError, "prefire.session: a session id is an int in"),
+        (lambda: prefire.session(1, retain_on_unpack="yes"), TypeError, "retain_on_unpack must be a bool"),
+        (lambda: prefire.clear_session(None), TypeError, "prefire.clear_session"),
+        (lambda: prefire.session_stats(-1), ValueError, "prefire.session_stats"),
+        (lambda: prefire.set_session_budget(0, -1), ValueError, "an int >= 0, or None for no cap"),
+        (lambda: prefire.prefire(None, 0), TypeError, "a CheckpointHandle"),
+        (lambda: prefire.attach("h", 0), TypeError, "a CheckpointHandle"),
+    ]:
+        with pytest.raises(error, match=words) as caught:
+            call()
+        assert "std::" not in str(caught.value) and "prefire::" not in str(caught.value)

@@ -1,13 +1,13 @@
-"""The pipeline simulator (prefire.pipeline.simulate): torch's orders for
+"""The pipeline simulator (prefire.pipeline_bench.simulate): torch's orders for
 any rank count, the replay's arithmetic on durations chosen by hand, and a
 tiny 2-rank run of the program replayed with what it measured."""
 
 import pytest
 
-from prefire.pipeline import run
-from prefire.pipeline.config import SCHEDULES, RunConfig
-from prefire.pipeline.model import ModelConfig
-from prefire.pipeline.simulate import (Costs, _placement, measured_slack, overlaps, predict, rank_orders, replay,
+from prefire.pipeline_bench import run
+from prefire.pipeline_bench.config import SCHEDULES, RunConfig
+from prefire.pipeline_bench.model import ModelConfig
+from prefire.pipeline_bench.simulate import (Costs, _placement, measured_slack, overlaps, predict, rank_orders, replay,
                                       scaled_steps, step_costs, validate)
 
 

@@ -68,12 +68,16 @@ def enable(model, every_n_layers: int = 1, **checkpoint_kwargs: Any):
         ``model``.
 
     Raises:
-        ValueError: the model does not support gradient checkpointing, or
-            ``every_n_layers`` on a transformers without it.
+        ValueError: the model does not support gradient checkpointing,
+            ``every_n_layers`` is not an int >= 1, or is not 1 on a
+            transformers without it.
         RuntimeError: transformers did not set up checkpointing the way
             prefire hooks into (see Note [Where prefire hooks into
             transformers]).
     """
+    if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+        raise ValueError(f"prefire.integrations.transformers.enable: every_n_layers must be an int >= 1 (1: every "
+                         f"layer), got {every_n_layers!r}")
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"prefire.integrations.transformers.enable: {type(model).__name__} does not support "
                          "gradient checkpointing")

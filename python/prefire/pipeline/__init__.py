@@ -1,11 +1,8 @@
-"""The pipeline program, ``python -m prefire.pipeline``: a GPT cut into stages
-of ``torch.distributed.pipelining``, run by a real schedule on several
-processes (Gloo on CPU) in every mode (no checkpoints, torch's checkpoint,
-prefire's sessions, sessions with prefire in the bubbles, the same under a
-byte budget), the modes' steps taking turns, with step time,
-recomputations, waits, memory and gradients compared with a single-process
-run. ``run`` is the program as a function."""
+"""The pipeline benchmark program moved: it is ``prefire.pipeline_bench``
+(``python -m prefire.pipeline_bench``, ``... .sweep``, ``... .simulate``),
+named apart from the integration ``prefire.pipelining``."""
 
-from .main import run
-
-__all__ = ["run"]
+raise ImportError(
+    "prefire.pipeline was renamed prefire.pipeline_bench (the benchmark program; the pipelining integration is "
+    "prefire.pipelining): run python -m prefire.pipeline_bench [flags], python -m prefire.pipeline_bench.sweep or "
+    "python -m prefire.pipeline_bench.simulate")

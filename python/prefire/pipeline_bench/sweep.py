@@ -1,16 +1,23 @@
-"""The pipeline program's memory sweep: ``python -m prefire.pipeline.sweep``.
+"""The pipeline program's memory sweep: ``python -m prefire.pipeline_bench.sweep``.
 
 For each memory budget (a share of what none mode held on the rank, or
 with --uniform-budget one budget for every rank, that share of the most none
-held on any rank; the least plan where that is less), prefire's plan (``enable(schedule, memory_budget=...)``)
-next to the configurations a user writes with torch's checkpoint (every
-block, every n-th block for n = 2, 3, 4, none) that fit the same budget on
-every rank: peak activation bytes per rank (the census of the blocks' saved
-tensors, checkpoint inputs and recomputations; every block runs in a
-SavedTensorMeter) and step time. Session mode (every block checkpointed,
-unmetered) runs too, for the simulator's search over per-block plans
-(``python -m prefire.pipeline.simulate search``). Prints a table, and with
---plot step time against peak activation memory, one curve per approach."""
+held on any rank; the least plan where that is less), prefire's plan
+(``enable(schedule, memory_budget=...)``) next to the configurations a user
+writes with torch's checkpoint (every block, every n-th block for n = 2, 3,
+4, none). Memory is measured two ways, per rank: the step peak, the most
+the CPU allocator held during a step above what it held when it began
+(every allocation, whoever made it: Note [The pipeline program's memory
+figures] in worker.py), and prefire's census of the blocks' activations
+(saved tensors, checkpoint inputs and recomputations; every block runs in
+a SavedTensorMeter), which is what memory_budget covers: a plan is within
+its budget when its census is. A torch configuration fits a plan's budget
+when its step peak is at most the plan's on every rank: it uses no more
+memory, by the allocator, than the plan did. Session mode (every block
+checkpointed, unmetered) runs too, for the simulator's search over
+per-block plans (``python -m prefire.pipeline_bench.simulate search``).
+Prints a table, and with --plot step time against step peak, one curve per
+approach."""
 
 from __future__ import annotations
 
@@ -29,7 +36,13 @@ TORCH = ("none", "torch-every4", "torch-every3", "torch-every2", "torch")
 
 
 def _held(mode: Dict[str, Any]) -> List[int]:
+    """Per rank, prefire's census (what memory_budget covers)."""
     return [r["peak_held_bytes"] for r in mode["ranks"]]
+
+
+def _peak(mode: Dict[str, Any]) -> List[int]:
+    """Per rank, the step peak by the allocator."""
+    return [r["step_peak_bytes"] for r in mode["ranks"]]
 
 
 def paired(summary: Dict[str, Any], mode: str, base: str) -> Optional[float]:
@@ -44,8 +57,9 @@ def paired(summary: Dict[str, Any], mode: str, base: str) -> Optional[float]:
 
 
 def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """One row per plan run: its budget, held bytes and step per rank, the
-    torch configurations that fit it on every rank, the fastest of them."""
+    """One row per plan run: its budget, census and step peak per rank, its
+    step, the torch configurations whose step peak is at most its own on
+    every rank, the fastest of them."""
     modes = summary["modes"]
     out = []
     for name, mode in modes.items():
@@ -53,10 +67,10 @@ def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
             continue
         budgets = [r["memory_budget"] for r in mode["ranks"]]
         fits = {t: modes[t] for t in TORCH if t in modes
-                and all(h <= b for h, b in zip(_held(modes[t]), budgets))}
+                and all(theirs <= ours for theirs, ours in zip(_peak(modes[t]), _peak(mode)))}
         fastest = min(fits, key=lambda t: fits[t]["step_s"]) if fits else None
         out.append({
-            "name": name, "budgets": budgets, "held": _held(mode),
+            "name": name, "budgets": budgets, "held": _held(mode), "step_peak": _peak(mode),
             "measuring_held": [r["measuring_held_bytes"] for r in mode["ranks"]],
             "step_s": mode["step_s"], "plan": [r["plan"] for r in mode["ranks"]],
             "plan_selective": [r.get("plan_selective") or {} for r in mode["ranks"]],
@@ -72,17 +86,19 @@ def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def table(summary: Dict[str, Any]) -> str:
     modes = summary["modes"]
-    lines = ["torch's configurations: held MiB per rank, step ms"]
+    lines = ["torch's configurations: step peak MiB per rank (allocator), activations MiB per rank (census), step ms"]
     for t in TORCH:
         if t in modes:
+            peak = ", ".join(f"{p / MiB:.2f}" for p in _peak(modes[t]))
             held = ", ".join(f"{h / MiB:.2f}" for h in _held(modes[t]))
-            lines.append(f"  {t:13s} {held:>16s}  {modes[t]['step_s'] * 1e3:8.1f} ms")
-    lines.append("prefire's plan: budget -> held MiB per rank (measuring step), step ms, blocks per stage (k: kept, "
-                 "c: checkpointed, s: selectively; per micro-batch, split by /, where they differ); torch's that fit; "
+            lines.append(f"  {t:13s} {peak:>16s}  {held:>16s}  {modes[t]['step_s'] * 1e3:8.1f} ms")
+    lines.append("prefire's plan: per rank budget -> activations MiB (census; measuring step), step peak MiB "
+                 "(allocator); step ms; blocks per stage (k: kept, c: checkpointed, s: selectively; per micro-batch, "
+                 "split by /, where they differ); torch's that fit (step peak at most the plan's on every rank); "
                  "plan / fastest that fits; plan / none (its steps over none's of the same index: their median)")
     for r in rows(summary):
-        per_rank = "; ".join(f"{b / MiB:.2f} -> {h / MiB:.2f} ({m / MiB:.2f})"
-                             for b, h, m in zip(r["budgets"], r["held"], r["measuring_held"]))
+        per_rank = "; ".join(f"{b / MiB:.2f} -> {h / MiB:.2f} ({m / MiB:.2f}), {p / MiB:.2f}"
+                             for b, h, m, p in zip(r["budgets"], r["held"], r["measuring_held"], r["step_peak"]))
         plan = " ".join(f"{s}:{plan_letters(ck, sel.get(s))}" for p, sel in zip(r["plan"], r["plan_selective"])
                         for s, ck in p.items())
         fits = ", ".join(f"{t} {s * 1e3:.0f}" for t, s in r["fits"].items()) or "none fits"
@@ -113,25 +129,27 @@ def plot(summary: Dict[str, Any], path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for mode, label in (("plan", "prefire plan"), ("plan-bubble", "prefire plan, bubble=True"),
                         ("plan-selective", "prefire plan, selective=True")):
-        plans = sorted((r for r in rows(summary) if r["name"].split(" ")[0] == mode), key=lambda r: max(r["held"]))
+        plans = sorted((r for r in rows(summary) if r["name"].split(" ")[0] == mode),
+                       key=lambda r: max(r["step_peak"]))
         if plans:
-            ax.plot([max(r["held"]) / MiB for r in plans], [r["step_s"] * 1e3 for r in plans], "o-", label=label)
-    torch_runs = sorted((m for m in TORCH if m in modes), key=lambda m: max(_held(modes[m])))
-    ax.plot([max(_held(modes[m])) / MiB for m in torch_runs], [modes[m]["step_s"] * 1e3 for m in torch_runs], "s--",
+            ax.plot([max(r["step_peak"]) / MiB for r in plans], [r["step_s"] * 1e3 for r in plans], "o-",
+                    label=label)
+    torch_runs = sorted((m for m in TORCH if m in modes), key=lambda m: max(_peak(modes[m])))
+    ax.plot([max(_peak(modes[m])) / MiB for m in torch_runs], [modes[m]["step_s"] * 1e3 for m in torch_runs], "s--",
             label="torch checkpoint (all, every n-th, none)")
     for m in torch_runs:
-        ax.annotate(m.replace("torch-", ""), (max(_held(modes[m])) / MiB, modes[m]["step_s"] * 1e3), fontsize=8)
+        ax.annotate(m.replace("torch-", ""), (max(_peak(modes[m])) / MiB, modes[m]["step_s"] * 1e3), fontsize=8)
     c = summary["config"]
-    ax.set_xlabel("peak activation MiB (the most held rank)")
+    ax.set_xlabel("step peak MiB, CPU allocator (the rank that held most)")
     ax.set_ylabel("step ms")
-    ax.set_title(f"{c['schedule']}, {c['world']} ranks: step time against activation memory")
+    ax.set_title(f"{c['schedule']}, {c['world']} ranks: step time against memory")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m prefire.pipeline.sweep", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m prefire.pipeline_bench.sweep", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv")

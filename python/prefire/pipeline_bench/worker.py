@@ -2,8 +2,8 @@
 the schedule and (in prefire's modes) the sessions; runs the modes' steps in
 turn and writes what it measured, or, when it fails, its exception
 (``OUT.error``, which the launcher's report leads with). Started by
-:mod:`prefire.pipeline.launch`:
-``python -m prefire.pipeline.worker CONFIG RANK WORLD PORT OUT``.
+:mod:`prefire.pipeline_bench.launch`:
+``python -m prefire.pipeline_bench.worker CONFIG RANK WORLD PORT OUT``.
 
 For the failure tests, ``PREFIRE_PIPELINE_FAULT=forward:RANK`` makes a
 rank's first stage forward raise, ``bubble:RANK`` its first recomputation in
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -33,6 +32,23 @@ from prefire import pipelining
 from .config import PLAN_MODES, SCHEDULES, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
 from .report import TIMES, hideable_s
+
+
+# Note [The pipeline program's memory figures]
+# A mode's memory is what the CPU allocator holds (prefire.allocator_bytes():
+# every storage, whoever made it: activations, torch's checkpoint's
+# recomputations, gradients, Gloo's buffers, ops' working memory), not
+# prefire's census, which sees only what prefire handles (0 for none and
+# torch without meter_blocks). The modes take turns in one process, each
+# with its own model, so the bytes live at a step's start belong to every
+# mode (their weights, the gradients kept for the comparison); a step's
+# figure is the most the allocator held during it above what it held when
+# it began. Each step starts from gradients set to None and from stages that
+# let go of the previous step's state (clear_runtime_states, which torch's
+# next step would run first), so it counts everything the step makes:
+# activations, gradients, what B keeps for W, receive buffers. A rank
+# reports its largest over the measured steps (step_peak_bytes); the census
+# (peak_held_bytes) stays beside it: it is what memory_budget covers.
 
 
 class InjectedFault(RuntimeError):
@@ -74,7 +90,6 @@ class Recorder:
     def __init__(self, rank: int = 0) -> None:
         self.events: List[List[Any]] = []   # [kind, stage, micro-batch or block, begin, end]
         self.phase: Optional[str] = None    # the stage action running, if any
-        self.rss_peak = 0                   # the largest resident set seen at the end of an action
         self.fault_in = {kind for kind in ("forward", "bubble") if _fault(kind, rank)}
 
     def wrap_stage(self, stage) -> None:
@@ -91,7 +106,6 @@ class Recorder:
                 finally:
                     self.phase = None
                     self.events.append([kind, stage.stage_index, chunk_id, begin, time.monotonic()])
-                    self.rss_peak = max(self.rss_peak, _rss_bytes())
 
             setattr(stage, name, run)
 
@@ -109,11 +123,6 @@ class Recorder:
         if self.phase is None and "bubble" in self.fault_in:
             raise InjectedFault(f"injected fault: a recomputation of block {index} in a bubble")
         self.events.append(["recompute" if self.phase else "recompute-bubble", -1, index, begin, end])
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 class ModeRun:
@@ -186,7 +195,9 @@ class ModeRun:
         prefire.reset_runtime_peak()
         held_before = prefire.runtime_stats().held_bytes
         before = prefire.runtime_stats().recomputations
-        recorder.rss_peak = rss_before = _rss_bytes()
+        # See Note [The pipeline program's memory figures].
+        prefire.reset_allocator_peak()
+        allocated_before = prefire.allocator_bytes().current
         # the slack each wait point's rule 2 works to in this step (Note [Filling bubbles]), for the simulator
         bubbles = getattr(sessions, "bubbles", None)
         slack = [[*point, s] for point, s in bubbles.slack.items()] if bubbles is not None else None
@@ -194,9 +205,11 @@ class ModeRun:
         begin = time.monotonic()
         self.schedule.step(*self.args, **self.kwargs)
         end = time.monotonic()
-        if cfg.meter_blocks:  # what torch's stages keep of a step until their next one: not this mode's to hold
-            for stage in self.stages:
-                type(stage).clear_runtime_states(stage)
+        # What torch's stages keep of a step until their next one begins (which clears it first): let go
+        # now, inside the window, so that no mode's next step starts with it.
+        for stage in self.stages:
+            type(stage).clear_runtime_states(stage)
+        step_peak = prefire.allocator_bytes().peak - allocated_before
         recomputes = [e for e in recorder.events if e[0].startswith("recompute")]
         recompute_s = sum(e[4] - e[3] for e in recomputes)
         record = {
@@ -210,8 +223,8 @@ class ModeRun:
             "recompute_bubble_s": sum(e[4] - e[3] for e in recomputes if e[0] == "recompute-bubble"),
             "wait_s": sum(e[4] - e[3] for e in recorder.events if e[0] == "wait") if self.waits_seen else None,
             "hideable_s": hideable_s(recorder.events, recompute_s) if self.waits_seen else None,
+            "step_peak_bytes": step_peak,
             "peak_held_bytes": prefire.runtime_stats().peak_held_bytes - held_before,
-            "rss_growth_bytes": recorder.rss_peak - rss_before,
             "events": [list(e) for e in recorder.events],
             "slack": slack,
         }
@@ -243,8 +256,8 @@ class ModeRun:
             "recomputations": last["recomputations"],
             "recomputations_per_block_per_micro_batch": last["recomputations_per_block_per_micro_batch"],
             "prefire_recomputations": last["prefire_recomputations"],
+            "step_peak_bytes": max(s["step_peak_bytes"] for s in measured),
             "peak_held_bytes": max(s["peak_held_bytes"] for s in measured),
-            "rss_growth_bytes": max(s["rss_growth_bytes"] for s in measured),
             "budget_bytes": self.sessions.budget_bytes if self.sessions is not None else None,
             "memory_budget": self.sessions.memory_budget if self.sessions is not None else None,
             "plan": ({str(s): c for s, c in self.sessions.plan.checkpointed.items()}
@@ -273,6 +286,7 @@ def run(cfg: RunConfig, rank: int, world: int, port: int, running_marker: Option
     """Every mode of ``cfg`` on this rank, their steps interleaved (one step
     of each mode in turn), so that they run under the same conditions."""
     torch.set_num_threads(1)
+    prefire.count_cpu_allocations()  # before any model: Note [The pipeline program's memory figures]
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.timeout_s))
@@ -290,7 +304,6 @@ def run(cfg: RunConfig, rank: int, world: int, port: int, running_marker: Option
                 r.eval_step()
         return {
             "modes": {r.name: r.result(rank) for r in runs},
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "_grads": {r.name: r.grads for r in runs},
         }
     except BaseException as e:

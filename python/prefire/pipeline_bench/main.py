@@ -31,7 +31,7 @@ def _merge_rounds(rounds: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
         for key in TIMES:
             values = [rnd[rank][key] for rnd in rounds]
             r[key] = None if None in values else statistics.median(values)
-        for key in ("peak_held_bytes", "rss_growth_bytes", "peak_rss_bytes"):
+        for key in ("step_peak_bytes", "peak_held_bytes"):
             r[key] = max(rnd[rank][key] for rnd in rounds)
         merged.append(r)
     return merged
@@ -40,7 +40,7 @@ def _merge_rounds(rounds: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
 def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[str, Any]:
     """Runs the modes of ``config`` on ``world`` ranks, ``rounds`` times (a
     new set of processes each time), and returns the summary (see
-    :func:`prefire.pipeline.report.summarize`). Within a round the modes'
+    :func:`prefire.pipeline_bench.report.summarize`). Within a round the modes'
     steps take turns, so that every mode runs under the same conditions."""
     if config.schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {config.schedule!r}; one of {', '.join(SCHEDULES)}")
@@ -84,10 +84,10 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     grads: Dict[str, Dict[str, Any]] = {}
     for round_index in range(rounds):
         if log:
-            log(f"prefire.pipeline: {', '.join(names)} on {world} ranks, round {round_index + 1} of {rounds}")
+            log(f"prefire.pipeline_bench: {', '.join(names)} on {world} ranks, round {round_index + 1} of {rounds}")
         ranks, rank_grads = run_ranks(config, world)
         for mode in names:
-            results[mode].append([dict(r["modes"][mode], peak_rss_bytes=r["peak_rss_bytes"]) for r in ranks])
+            results[mode].append([dict(r["modes"][mode]) for r in ranks])
             compared = compare_gradients({n: g for rank in rank_grads for n, g in rank[mode].items()}, expected)
             if mode not in grads or grads[mode]["exact"]:  # keeps the first round that differs, if any
                 grads[mode] = compared
@@ -100,23 +100,25 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
 
 def main(argv: Optional[List[str]] = None) -> int:
     d = ModelConfig()
-    p = argparse.ArgumentParser(prog="python -m prefire.pipeline", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m prefire.pipeline_bench", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--world", type=int, default=2, help="ranks (processes, Gloo on CPU)")
-    p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated, from " + ", ".join(MODES))
+    p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv", help="torch.distributed.pipelining schedule")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="comma-separated, from: " + ", ".join(MODES + SWEEP_MODES)
+                        + " (the last ones are the memory sweep's: python -m prefire.pipeline_bench.sweep)")
     p.add_argument("--steps", type=int, default=5, help="measured steps per mode (medians reported)")
     p.add_argument("--rounds", type=int, default=1,
                    help="runs (new processes each); times are medians over rounds")
     p.add_argument("--warmup", type=int, default=5,
                    help="steps before measuring (bubble prefire measures the waits in steps 2 and 3)")
-    p.add_argument("--blocks", type=int, default=d.blocks)
-    p.add_argument("--dim", type=int, default=d.dim)
-    p.add_argument("--heads", type=int, default=d.heads)
-    p.add_argument("--seq", type=int, default=d.seq)
-    p.add_argument("--vocab", type=int, default=d.vocab)
+    p.add_argument("--blocks", type=int, default=d.blocks, help="transformer blocks of the GPT, cut into stages")
+    p.add_argument("--dim", type=int, default=d.dim, help="model width")
+    p.add_argument("--heads", type=int, default=d.heads, help="attention heads")
+    p.add_argument("--seq", type=int, default=d.seq, help="tokens per sequence")
+    p.add_argument("--vocab", type=int, default=d.vocab, help="vocabulary size")
     p.add_argument("--batch", type=int, default=d.batch, help="sequences per step")
-    p.add_argument("--micro-batches", type=int, default=d.micro_batches)
+    p.add_argument("--micro-batches", type=int, default=d.micro_batches, help="micro-batches per step")
     p.add_argument("--budgets", default=",".join(f"{f:g}" for f in RunConfig.budgets),
                    help="budget mode: one run per fraction; a rank's budget is that share of the most it held in "
                         "warm-up with sessions alone (before bubble prefires begin; above 1 leaves room for them)")

@@ -1,11 +1,11 @@
 """A timeline simulator of pipeline schedules: what the pipeline program
 would measure on more ranks than this machine can time.
 
-    python -m prefire.pipeline --schedule zbv --modes none,torch,session,bubble --json zbv.json
-    python -m prefire.pipeline.simulate validate zbv.json
-    python -m prefire.pipeline.simulate predict zbv.json --ranks 4,8,16
-    python -m prefire.pipeline.sweep --json sweep.json
-    python -m prefire.pipeline.simulate search sweep.json
+    python -m prefire.pipeline_bench --schedule zbv --modes none,torch,session,bubble --json zbv.json
+    python -m prefire.pipeline_bench.simulate validate zbv.json
+    python -m prefire.pipeline_bench.simulate predict zbv.json --ranks 4,8,16
+    python -m prefire.pipeline_bench.sweep --json sweep.json
+    python -m prefire.pipeline_bench.simulate search sweep.json
 
 Note [What the simulator replays]
 The order is torch's own: each rank's compute actions as the schedule
@@ -301,7 +301,7 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                 ran += 1
         if not ran:
             stuck = {rank: orders[rank][at[rank]] for rank in range(world) if at[rank] < len(orders[rank])}
-            raise RuntimeError(f"prefire.pipeline.simulate: the schedule's order deadlocks at {stuck}")
+            raise RuntimeError(f"prefire.pipeline_bench.simulate: the schedule's order deadlocks at {stuck}")
     return Replay(max(free) + costs.tail, wait, prefire, waited, events)
 
 
@@ -324,13 +324,13 @@ def _steps(rank_timeline: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def measured_costs(summary: Dict[str, Any]) -> Costs:
-    """The durations a run measured (``python -m prefire.pipeline --json``):
+    """The durations a run measured (``python -m prefire.pipeline_bench --json``):
     medians over its modes' measured steps (Note [What the simulator
     replays])."""
     timelines = summary["timelines"]
     missing = [m for m in ("none", "torch", "session") if m not in timelines]
     if missing:
-        raise ValueError(f"prefire.pipeline.simulate: the run has no {', '.join(missing)} mode "
+        raise ValueError(f"prefire.pipeline_bench.simulate: the run has no {', '.join(missing)} mode "
                          "(run the program with --modes none,torch,session,bubble)")
     per_stage = _blocks_per_stage(summary)
     action: Dict[str, Dict[Tuple[str, int], float]] = {}
@@ -510,7 +510,7 @@ def _positions(costs: Costs, n_stages: int) -> Dict[str, Dict[str, float]]:
     out: Dict[str, Dict[str, float]] = {}
     middle = list(range(1, n_stages - 1))
     if not middle:
-        raise ValueError("prefire.pipeline.simulate: predicting needs a measured run with a middle stage "
+        raise ValueError("prefire.pipeline_bench.simulate: predicting needs a measured run with a middle stage "
                          "(2 stages per rank: every schedule but 1f1b; 1f1b is predicted from interleaved-1f1b)")
     for mode, table in costs.action.items():
         for position, stages in (("first", [0]), ("middle", middle), ("last", [n_stages - 1])):
@@ -619,7 +619,7 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
 # --- the search over per-block plans ------------------------------------------------------------------------------
 
 # Note [Searching per-block plans]
-# A memory sweep (python -m prefire.pipeline.sweep) runs prefire's plan at
+# A memory sweep (python -m prefire.pipeline_bench.sweep) runs prefire's plan at
 # several budgets and records what each rank's plan was chosen from (its
 # blocks' costs, Note [A pipeline rank's memory plan]). ``search`` tries
 # every keep/checkpoint choice of every block on every rank (and the
@@ -733,9 +733,9 @@ def _read(path: str) -> Dict[str, Any]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m prefire.pipeline.simulate",
+    p = argparse.ArgumentParser(prog="python -m prefire.pipeline_bench.simulate",
                                 description="Replays pipeline schedules with durations a 2-rank run of "
-                                            "python -m prefire.pipeline measured (its --json summary).")
+                                            "python -m prefire.pipeline_bench measured (its --json summary).")
     sub = p.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="each run's modes, measured against their replay")
     v.add_argument("runs", nargs="+", metavar="SUMMARY.json")
@@ -745,7 +745,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     pr.add_argument("--json", metavar="PATH", help="write the predictions as JSON")
     pr.add_argument("--plot", metavar="PATH", help="plot step time / torch's and H against ranks")
     se = sub.add_parser("search", help="a memory sweep's plans against the fastest per-block plan within each "
-                                       "budget (python -m prefire.pipeline.sweep --json)")
+                                       "budget (python -m prefire.pipeline_bench.sweep --json)")
     se.add_argument("runs", nargs="+", metavar="SWEEP.json")
     a = p.parse_args(argv)
     summaries = [_read(path) for path in a.runs]

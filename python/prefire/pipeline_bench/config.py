@@ -26,7 +26,7 @@ SCHEDULES = {
 #: also prefire in the bubbles; budget: bubble under a rank's byte budget,
 #: one run per fraction in ``RunConfig.budgets`` (a sweep)
 MODES = ("none", "torch", "session", "bubble", "budget")
-#: the memory sweep's (``python -m prefire.pipeline.sweep``): torch-every<n>:
+#: the memory sweep's (``python -m prefire.pipeline_bench.sweep``): torch-every<n>:
 #: torch.utils.checkpoint on the blocks whose index is a multiple of n; plan:
 #: sessions under ``enable(schedule, memory_budget=...)``, one run per
 #: fraction in ``RunConfig.memory_budgets``; plan-bubble: the same with

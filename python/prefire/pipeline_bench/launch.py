@@ -48,8 +48,8 @@ if sys.platform.startswith("linux"):
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != int(sys.argv[1]):  # the launcher died before that
         os._exit(70)
-sys.argv = ["prefire.pipeline.worker"] + sys.argv[2:]
-runpy.run_module("prefire.pipeline.worker", run_name="__main__", alter_sys=True)
+sys.argv = ["prefire.pipeline_bench.worker"] + sys.argv[2:]
+runpy.run_module("prefire.pipeline_bench.worker", run_name="__main__", alter_sys=True)
 """
 
 _JANITOR = """\
@@ -121,7 +121,7 @@ def _failure_report(procs: List[subprocess.Popen], logs: List[str], outs: List[s
         first = "(it wrote no exception: killed, or it died in native code)\n"
     others = ", ".join(f"rank {q}: {'running' if p.poll() is None else p.returncode}"
                        for q, p in enumerate(procs) if q != r)
-    return (f"prefire.pipeline: rank {r} failed (exit {procs[r].returncode}; {others}). Its exception:\n{first}"
+    return (f"prefire.pipeline_bench: rank {r} failed (exit {procs[r].returncode}; {others}). Its exception:\n{first}"
             f"Its last output lines:\n{_tail(logs[r])}")
 
 
@@ -178,7 +178,7 @@ def _run_ranks_in(work: str, cfg: RunConfig, world: int):
             if all(p.poll() == 0 for p in procs):
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"prefire.pipeline: the ranks ran past {cfg.timeout_s:.0f} s; "
+                raise TimeoutError(f"prefire.pipeline_bench: the ranks ran past {cfg.timeout_s:.0f} s; "
                                    f"rank 0's output:\n{_tail(logs[0])}")
             time.sleep(0.05)
     finally:

@@ -159,7 +159,7 @@ def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 1) -> str:
 
 def table(summary: Dict[str, Any]) -> str:
     head = ("mode", "rank", "stages", "step ms", "recomp/block/mb", "recomp ms", "in bubble ms", "wait ms",
-            "hideable ms", "held MiB", "RSS+ MiB", "grads")
+            "hideable ms", "step peak MiB", "held MiB", "grads")
     rows = [head]
     for mode, m in summary["modes"].items():
         grads = "exact" if m["gradients"]["exact"] else f"diff {m['gradients']['max_abs_diff']:.1e}"
@@ -169,17 +169,17 @@ def table(summary: Dict[str, Any]) -> str:
             rows.append((mode, str(r["rank"]), ",".join(map(str, r["stages"])), _fmt(r["step_s"], 1e3),
                          f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}", _fmt(r["recompute_s"], 1e3),
                          _fmt(r["recompute_bubble_s"], 1e3), _fmt(r["wait_s"], 1e3),
-                         _fmt(r["hideable_s"], 1e3), _fmt(r["peak_held_bytes"], 1 / MiB),
-                         _fmt(r["rss_growth_bytes"], 1 / MiB), grads))
+                         _fmt(r["hideable_s"], 1e3), _fmt(r["step_peak_bytes"], 1 / MiB),
+                         _fmt(r["peak_held_bytes"], 1 / MiB), grads))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     out = ["\n".join(lines), ""]
-    some_mode = next(iter(summary["modes"].values()))
-    out.append("held: prefire's recomputed bytes held at the step's peak; RSS+: resident set growth within a step; "
-               "process peak RSS per rank (all modes): " + ", ".join(
-                   _fmt(r["peak_rss_bytes"], 1 / MiB, 0) + " MiB" for r in some_mode["ranks"]))
+    out.append("step peak: the most the CPU allocator held during a step above what it held when the step began "
+               "(every allocation: activations, recomputations, gradients, receive buffers; the largest over the "
+               "measured steps); held: prefire's census at the step's peak (its recomputations, and every block's "
+               "saved tensors where blocks are metered), what memory_budget and budget_bytes cover")
     out += _budget_sweep(summary["modes"])
     if any(v is not None for v in summary["ratios"].values()):  # torch's mode ran
         out.append("step time (slowest rank), ratio to torch's checkpoint: " + ", ".join(
@@ -193,6 +193,10 @@ def table(summary: Dict[str, Any]) -> str:
     out.append("hidden fraction of recomputation time H = (session - bubble) / (session - none): overall "
                + _fmt(h["overall"], 1, 2) + f" (rounds {_fmt(hs['min'], 1, 2)}-{_fmt(hs['max'], 1, 2)})"
                + ", per rank " + ", ".join(_fmt(x, 1, 2) for x in h["per_rank"]))
+    if any(x is not None and x < 0 for x in [h["overall"], hs["min"], *h["per_rank"]]):
+        out.append("H below 0: bubble mode's step came out slower than session mode's, so its prefires hid nothing "
+                   "there and what they cost shows (their launch, or recomputation that overran a wait), or the "
+                   "difference is timing noise (compare the rounds' spread)")
     out.append("hideable: recomputation the rank's waits could hold (micro-batches forwarded, backward not begun); "
                "the most H those allow (session steps less hideable): " + _fmt(summary["hidden_fraction_bound"], 1, 2))
     if summary["noisy"]:
@@ -225,9 +229,24 @@ def _budget_sweep(modes: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def shown_step(summary: Dict[str, Any], mode: str) -> List[Dict[str, Any]]:
+    """Per rank, the measured step (of the last round) whose time, the
+    slowest rank's, is nearest the mode's step time in the table (a median):
+    ``{"begin", "step_s", "events"}``. The last step where the ranks kept no
+    per-step timelines."""
+    ranks = summary["timelines"][mode]
+    if not all(r.get("steps") for r in ranks):
+        return [{"begin": r["begin"], "step_s": None, "events": r["events"]} for r in ranks]
+    times = [max(step) for step in zip(*([s["step_s"] for s in r["steps"]] for r in ranks))]
+    target = summary["modes"][mode]["step_s"]
+    index = min(range(len(times)), key=lambda i: abs(times[i] - target))
+    return [r["steps"][index] for r in ranks]
+
+
 def plot(summary: Dict[str, Any], path: str) -> None:
-    """One panel per mode, one row per rank: the last measured step's stage
-    actions, receive waits and recomputations against time."""
+    """One panel per mode, one row per rank: the stage actions, receive
+    waits and recomputations of the measured step nearest the table's
+    (median) step time, against time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,7 +256,8 @@ def plot(summary: Dict[str, Any], path: str) -> None:
     timelines = summary["timelines"]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.0 + 1.1 * len(timelines) * len(
         next(iter(timelines.values())))), sharex=True, squeeze=False)
-    for ax, (mode, ranks) in zip(axes[:, 0], timelines.items()):
+    for ax, mode in zip(axes[:, 0], timelines):
+        ranks = shown_step(summary, mode)
         origin = min(r["begin"] for r in ranks)
         for row, r in enumerate(ranks):
             y = len(ranks) - 1 - row
@@ -253,15 +273,18 @@ def plot(summary: Dict[str, Any], path: str) -> None:
                     ax.text((begin + end - 2 * origin) / 2 * 1e3, y + 0.1, f"{stage}.{index}", ha="center",
                             va="center", fontsize=5, color="white")
         ax.set_yticks(range(len(ranks)), [f"rank {len(ranks) - 1 - i}" for i in range(len(ranks))])
-        step = summary["modes"][mode]["step_s"] * 1e3
-        ax.set_title(f"{mode}: step {step:.0f} ms", loc="left", fontsize=9)
+        median = summary["modes"][mode]["step_s"] * 1e3
+        shown = max((r["step_s"] for r in ranks if r["step_s"] is not None), default=None)
+        ax.set_title(f"{mode}: step {median:.0f} ms (median)" + (f", this one {shown * 1e3:.0f} ms" if shown else ""),
+                     loc="left", fontsize=9)
         ax.set_ylim(-0.6, len(ranks) - 0.4)
     axes[-1, 0].set_xlabel("ms since the step began (stage.micro-batch on each action)")
     fig.legend(handles=[Patch(color=c, label=label) for c, label in _COLOURS.values()], loc="lower center",
                ncol=4, fontsize=8, frameon=False)
     cfg = summary["config"]
-    fig.suptitle(f"prefire.pipeline: {cfg['schedule']}, {cfg['world']} ranks, {cfg['model']['blocks']} blocks, "
-                 f"{cfg['model']['micro_batches']} micro-batches (last measured step)", fontsize=10)
+    fig.suptitle(f"prefire.pipeline_bench: {cfg['schedule']}, {cfg['world']} ranks, {cfg['model']['blocks']} blocks, "
+                 f"{cfg['model']['micro_batches']} micro-batches (per mode, the measured step nearest its median)",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.97))
     fig.savefig(path, dpi=130)
     plt.close(fig)

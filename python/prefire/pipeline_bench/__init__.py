@@ -1,0 +1,11 @@
+"""The pipeline program, ``python -m prefire.pipeline_bench``: a GPT cut into stages
+of ``torch.distributed.pipelining``, run by a real schedule on several
+processes (Gloo on CPU) in every mode (no checkpoints, torch's checkpoint,
+prefire's sessions, sessions with prefire in the bubbles, the same under a
+byte budget), the modes' steps taking turns, with step time,
+recomputations, waits, memory and gradients compared with a single-process
+run. ``run`` is the program as a function."""
+
+from .main import run
+
+__all__ = ["run"]
