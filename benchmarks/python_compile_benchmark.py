@@ -12,11 +12,13 @@ trained one step at a time on CPU, one intra-op thread, in five variants:
   prefire around compiled  prefire.checkpoint_wrapper(torch.compile(block)):
                            prefire's runtime around compiled math (sessions apply)
 
-For each: the step time (median of interleaved rounds) and the bytes forward
-keeps for backward, counted by a saved-tensors hook around the whole step
-(every storage a saved tensor refers to, once, parameters excepted: under
-inductor, allocations bypass the dispatcher, so this is what is comparable
-across the variants). Ratios are against "compiled torch ckpt".
+For each: the step time (median of interleaved rounds), the step peak (the
+most the CPU allocator held during a step above what it held when the step
+began: prefire.AllocatorPeak, every allocation, inductor's buffers
+included; the parameters' gradients exist from the first step on), and the
+bytes forward keeps for backward, counted by a saved-tensors hook around the
+forward (every storage a saved tensor refers to, once, parameters
+excepted). Ratios are against "compiled torch ckpt".
 
     PYTHONPATH=build/python ~/.cache/prefire/venv/bin/python benchmarks/python_compile_benchmark.py
 """
@@ -80,6 +82,12 @@ def make_step(params, layers, x):
     return step
 
 
+def step_peak(step):
+    with prefire.AllocatorPeak() as peak:
+        step()
+    return peak.bytes
+
+
 def kept_bytes(params, layers, x):
     meter = KeptBytes(params)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
@@ -101,11 +109,12 @@ def main():
     parser.add_argument("--steps", type=int, default=3, help="steps per round and variant")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    prefire.count_cpu_allocations()  # before any model
     warnings.filterwarnings("ignore", message="prefire.checkpoint inside torch.compile")
 
     torch.manual_seed(1)
     x = torch.randn(args.batch, args.seq, args.dim, requires_grad=True)
-    steps, kept, compile_s = {}, {}, {}
+    steps, kept, peak, compile_s = {}, {}, {}, {}
     for name, wrap in VARIANTS.items():
         params, layers = build(args.blocks, args.dim, args.heads, wrap)
         params = list(params.parameters())
@@ -114,6 +123,7 @@ def main():
         compile_s[name] = time.perf_counter() - start
         kept[name] = kept_bytes(params, layers, x)
         steps[name] = make_step(params, layers, x)
+        peak[name] = step_peak(steps[name])
     times = {name: [] for name in VARIANTS}
     for _ in range(args.rounds):
         for name, step in steps.items():
@@ -126,12 +136,12 @@ def main():
     ms = {name: statistics.median(t) for name, t in times.items()}
     print(f"{args.blocks} GPT blocks, dim {args.dim}, batch {args.batch} x seq {args.seq}, CPU, 1 thread, "
           f"inductor; {args.rounds} rounds of {args.steps} steps")
-    print(f"{'variant':26s} {'step ms med [min-max]':>24s} {'/ ' + base:>22s} {'kept MiB':>9s} {'/ ' + base:>22s}"
-          f" {'first step s':>13s}")
+    print(f"{'variant':26s} {'step ms med [min-max]':>24s} {'/ ' + base:>22s} {'step peak MiB':>14s}"
+          f" {'/ ' + base:>22s} {'kept MiB':>9s} {'first step s':>13s}")
     for name in VARIANTS:
         spread = f"{ms[name]:.1f} [{min(times[name]):.1f}-{max(times[name]):.1f}]"
-        print(f"{name:26s} {spread:>24s} {ms[name] / ms[base]:22.3f} {kept[name] / 2**20:9.2f}"
-              f" {kept[name] / kept[base]:22.3f} {compile_s[name]:13.1f}")
+        print(f"{name:26s} {spread:>24s} {ms[name] / ms[base]:22.3f} {peak[name] / 2**20:14.2f}"
+              f" {peak[name] / peak[base]:22.3f} {kept[name] / 2**20:9.2f} {compile_s[name]:13.1f}")
 
 
 if __name__ == "__main__":

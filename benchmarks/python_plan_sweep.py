@@ -6,15 +6,18 @@ attention block (its softmax saves batch x heads x seq^2) and an MLP block
 (4x wider matmuls) per layer, dropout in both. For budgets from what
 the least the planner promises to what checkpointing none holds, each row
 gives prefire's plan (which blocks it checkpoints, the most bytes the step
-held, the step time) and every torch configuration that fits the budget:
-every n-th block for n = 1..4 (n = 2: the attention blocks, what Megatron's
-selective recompute chooses by hand), the MLP blocks, and none. Bytes come from prefire's census (a SavedTensorMeter
-plus recomputed bytes, peak of forward and backward), for torch's
-configurations measured on the same configuration run with
-prefire.checkpoint (the same tensors are saved and recomputed; torch's
-checkpoint keeps its recomputed tensors where the census cannot see them);
-times are medians over interleaved rounds, torch's configurations timed
-with torch.utils.checkpoint itself.
+held, the step time) and every torch configuration that fits: every n-th
+block for n = 1..4 (n = 2: the attention blocks, what Megatron's selective
+recompute chooses by hand), the MLP blocks, and none. Memory is measured two
+ways. The step peak is what the CPU allocator held during a step above what
+it held when the step began (prefire.AllocatorPeak: every allocation, torch's
+checkpoint's recomputations included; the parameters' gradients exist from
+the first step on, so they are not in it), for every configuration run as
+it is, torch's with torch.utils.checkpoint itself: a torch configuration
+fits a budget when its step peak is at most the plan's. The budgets, and
+the check that the plan keeps within its budget, are in prefire's census (a
+SavedTensorMeter plus recomputed bytes), which is what memory_budget covers.
+Times are medians over interleaved rounds.
 
     PYTHONPATH=build/python ~/.cache/prefire/venv/bin/python benchmarks/python_plan_sweep.py \
         [--json sweep.json] [--plot docs/plan-sweep.png]
@@ -78,6 +81,13 @@ def step_fn(blocks, x, wrap):
     return step
 
 
+def step_peak(step):
+    """The most the CPU allocator held during the step above what it held before it."""
+    with prefire.AllocatorPeak() as peak:
+        step()
+    return peak.bytes
+
+
 def held_bytes(step):
     """The most bytes the step's activations held: saved (census) plus recomputed."""
     prefire.reset_runtime_peak()
@@ -139,6 +149,7 @@ def main():
             plot(json.load(f), args.plot)
         return
     torch.set_num_threads(args.threads)
+    prefire.count_cpu_allocations()  # before the model: every storage of the steps is counted
     reference = make_blocks(args)
     n = len(reference)
     x = torch.randn(args.batch, args.seq, args.dim)
@@ -146,6 +157,8 @@ def main():
     configs = {**every, "MLP blocks": set(range(1, n, 2)), "none": set()}
     bytes_of = {name: held_bytes(step_fn(reference, x, chosen(reference, which)(prefire_ckpt)))
                 for name, which in configs.items()}
+    peak_of = {name: step_peak(step_fn(reference, x, chosen(reference, which)(torch_ckpt)))
+               for name, which in configs.items()}
     probe = copy.deepcopy(reference)
     planner = prefire.plan_checkpoints(probe, memory_budget=bytes_of["none"])
     step_fn(probe, x, lambda i, b, h: b(h))()
@@ -160,7 +173,8 @@ def main():
         planner = prefire.plan_checkpoints(planned, memory_budget=budget)
         plan_step = step_fn(planned, x, lambda i, b, h: b(h))
         plan_step()  # the measuring step
-        fits = [name for name in configs if bytes_of[name] <= budget]
+        plan_peak = step_peak(plan_step)
+        fits = [name for name in configs if peak_of[name] <= plan_peak]
         steps = {"prefire plan": plan_step}
         steps.update({f"torch {name}": step_fn(reference, x, chosen(reference, configs[name])(torch_ckpt))
                       for name in fits})
@@ -168,17 +182,21 @@ def main():
         plan_bytes = held_bytes(plan_step)
         row = {"budget_bytes": budget,
                "plan": {"checkpointed": [i for i, c in enumerate(planner.plan.checkpointed) if c],
-                        "held_bytes": plan_bytes, "step_ms": ms["prefire plan"],
+                        "held_bytes": plan_bytes, "step_peak_bytes": plan_peak, "step_ms": ms["prefire plan"],
                         "planned_peak_bytes": planner.plan.peak_bytes},
-               "torch": {name: {"held_bytes": bytes_of[name], "step_ms": ms[f"torch {name}"]} for name in fits}}
+               "torch": {name: {"held_bytes": bytes_of[name], "step_peak_bytes": peak_of[name],
+                                "step_ms": ms[f"torch {name}"]} for name in fits}}
         rows.append(row)
-        best = min(fits, key=lambda name: ms[f"torch {name}"])
+        best = min(fits, key=lambda name: ms[f"torch {name}"]) if fits else None
         print(f"budget {budget / 2**20:7.2f} MiB: prefire checkpoints {row['plan']['checkpointed']} "
-              f"held {plan_bytes / 2**20:6.2f} MiB, {ms['prefire plan']:7.1f} ms | fastest torch config that fits: "
-              f"{best} held {bytes_of[best] / 2**20:6.2f} MiB, {ms[f'torch {best}']:7.1f} ms "
-              f"(plan/torch {ms['prefire plan'] / ms[f'torch {best}']:.3f})", flush=True)
+              f"held {plan_bytes / 2**20:6.2f} MiB (census), step peak {plan_peak / 2**20:6.2f} MiB, "
+              f"{ms['prefire plan']:7.1f} ms | "
+              + (f"fastest torch config that fits: {best} step peak {peak_of[best] / 2**20:6.2f} MiB, "
+                 f"{ms[f'torch {best}']:7.1f} ms (plan/torch {ms['prefire plan'] / ms[f'torch {best}']:.3f})"
+                 if best else "no torch config fits"), flush=True)
         assert plan_bytes <= budget, f"the plan held {plan_bytes} bytes above the budget {budget}"
-    result = {"args": vars(args), "blocks": n, "config_bytes": bytes_of, "least_plan_bytes": least, "rows": rows}
+    result = {"args": vars(args), "blocks": n, "config_bytes": bytes_of, "config_step_peak_bytes": peak_of,
+              "least_plan_bytes": least, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -197,19 +215,19 @@ def plot(result, path):
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     rows = result["rows"]
-    ax.plot([r["plan"]["held_bytes"] / 2**20 for r in rows], [r["plan"]["step_ms"] for r in rows], "o-",
+    ax.plot([r["plan"]["step_peak_bytes"] / 2**20 for r in rows], [r["plan"]["step_ms"] for r in rows], "o-",
             label="prefire plan")
-    best = [min(r["torch"].items(), key=lambda item: item[1]["step_ms"]) for r in rows]
-    ax.plot([b[1]["held_bytes"] / 2**20 for b in best], [b[1]["step_ms"] for b in best], "s--",
+    best = [min(r["torch"].items(), key=lambda item: item[1]["step_ms"]) for r in rows if r["torch"]]
+    ax.plot([b[1]["step_peak_bytes"] / 2**20 for b in best], [b[1]["step_ms"] for b in best], "s--",
             label="fastest torch checkpoint configuration that fits")
-    for (name, b), r in zip(best, rows):
-        ax.annotate(name, (b["held_bytes"] / 2**20, b["step_ms"]), textcoords="offset points", xytext=(4, 4),
+    for name, b in best:
+        ax.annotate(name, (b["step_peak_bytes"] / 2**20, b["step_ms"]), textcoords="offset points", xytext=(4, 4),
                     fontsize=7)
-        ax.axvline(r["budget_bytes"] / 2**20, color="0.85", lw=0.8, zorder=0)
-    ax.set_xlabel("peak activation memory (MiB; grey lines: budgets)")
+    ax.set_xlabel("step peak, CPU allocator (MiB)")
     ax.set_ylabel("step time (ms)")
     ax.legend(fontsize=8)
-    ax.set_title("One point per budget, both timed in the same rounds (CPU, one process)", fontsize=9)
+    ax.set_title("One point per budget; a torch configuration fits when its step peak is at most the plan's",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU verification of prefire's CUDA runtime (../shared/guide/GPU.md).
+# GPU verification of prefire's CUDA runtime (docs/cuda.md, "Verifying on a GPU").
 #
 #   scripts/gpu-check.sh --prepare
 #       Here, on a CPU machine: copies what the GPU machine lacks into

@@ -24,7 +24,7 @@ python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel" 2>&1 |
   grep -v "^WARNING: Location .* is ignored" || true
 cd "$tmp"  # away from the checkout: nothing of it on sys.path
-"$tmp/venv/bin/python" - "$tmp/venv" <<'PY'
+"$tmp/venv/bin/python" -W ignore::UserWarning - "$tmp/venv" <<'PY'
 import sys
 
 import torch

@@ -70,7 +70,7 @@
 // intermediates and the input nodes, which may belong to a previous stage)
 // release their saved tensors, and the outputs are detached, so B's part of
 // the graph holds nothing from B to W. A checkpoint learns of it through its
-// saved tensors' destruction (Frame::release_slot) and drops the recomputed
+// saved tensors' destruction (Frame::release) and drops the recomputed
 // tensors that no live saved tensor refers to: a session holds only W's share
 // between the passes. W runs with keep_graph=false and frees its part.
 

@@ -157,8 +157,9 @@ def test_checkpoint_detects_non_determinism():
         out.backward()
     # with early stop, the extra save is never reached in effect: no error, right gradients
     checkpoint(non_deterministic(save_2, save_3), a).backward()
-    with pytest.raises(CheckpointError, match="differs between forward and recomputation"):
+    with pytest.raises(CheckpointError, match="differs between forward and recomputation") as caught:
         checkpoint(non_deterministic(save_2, save_2_other_shape), a).backward()
+    assert 'determinism_check="none"' in str(caught.value)  # the option as Python spells it
     # Difference: debug=True (torch's operator traces in the error) is not supported.
     with pytest.raises(ValueError, match="debug"):
         checkpoint(save_2, a, debug=True)

@@ -128,6 +128,14 @@ def test_enable_refuses_models_without_checkpointing_support():
         prefire_transformers.enable(Plain())
 
 
+def test_enable_refuses_every_n_layers_that_is_not_a_positive_int():
+    model = tiny("gpt2")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="every_n_layers must be an int >= 1"):
+            prefire_transformers.enable(model, every_n_layers=bad)
+    assert not prefire_transformers.is_enabled(model)  # nothing half-done
+
+
 def split_step(model, session):
     """One step through torch.distributed.pipelining's split backward, the
     whole model as one stage: B for the input embeddings, then W."""
