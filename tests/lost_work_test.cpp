@@ -33,6 +33,8 @@ class Warnings : public c10::WarningHandler {
   bool always_;
 };
 
+int64_t recomputations_now() { return runtime_stats().recomputations; }
+
 constexpr const char* kSharedNothing = "ended with no checkpoint registered to it";
 constexpr const char* kWasted = "was released before any backward pass used its recomputation";
 
@@ -115,6 +117,21 @@ TEST(LostWork, APrefireClearedUnusedIsCountedAndWarns) {
   clear_session(203);
   EXPECT_EQ(runtime_stats().wasted_prefires - wasted, 2);
   EXPECT_EQ(warnings.count(kWasted), 2u) << ::testing::PrintToString(warnings.messages);
+}
+
+TEST(LostWork, APrefireDiscardedOnPurposeIsNeitherCountedNorWarned) {
+  Stage stage(2);
+  auto f = forward(stage, 7);
+  for (const auto& h : f.handles) prefire::prefire(h, 207);
+  Warnings warnings;
+  const int64_t wasted = runtime_stats().wasted_prefires;
+  discard_session(207);  // a budget making room: the caller knows
+  EXPECT_EQ(runtime_stats().wasted_prefires, wasted);
+  EXPECT_TRUE(warnings.messages.empty()) << ::testing::PrintToString(warnings.messages);
+  EXPECT_EQ(session_stats(207).checkpoints, 0);  // ended like a clear
+  const auto before = recomputations_now();
+  { SessionScope b(207, {false}); torch::autograd::grad({f.y.sum()}, {f.x}); }  // nothing registered: recomputes
+  EXPECT_EQ(recomputations_now() - before, 2);
 }
 
 TEST(LostWork, APrefireFollowedByABackwardOutsideItsSessionWarnsWhenTheGraphGoes) {

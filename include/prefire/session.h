@@ -59,7 +59,10 @@ class SessionScope {
 };
 
 /// Drops every recomputed tensor session `id` holds and unregisters its
-/// checkpoints; the id is then ready for the next iteration. Idempotent, safe
+/// checkpoints; the id is then ready for the next iteration. A checkpoint
+/// prefired into the session whose recomputation no pass used is counted in
+/// RuntimeStats::wasted_prefires and warned about once per process (see
+/// discard_session()). Idempotent, safe
 /// after a partial or failed backward, a failed prefire or an unknown id.
 /// The session ends here: its counters start from zero at its next use (read
 /// session_stats() before clearing). A budget set for `id` stays for the
@@ -71,6 +74,13 @@ class SessionScope {
 /// when that backward lets go of it. Raises CheckpointError while a
 /// SessionScope of `id` is open, std::invalid_argument for a negative id.
 void clear_session(SessionId id);
+
+/// clear_session() for a caller that lets go of prefired recomputations on
+/// purpose (a budget making room, a prefire that turned out not to be
+/// needed): the same, except that a prefire no pass used is not counted in
+/// RuntimeStats::wasted_prefires nor warned about. A prefire let go any other
+/// way (clear_session(), a graph freed) is.
+void discard_session(SessionId id);
 
 /// Caps the bytes session `id` may hold through prefire: a prefire whose
 /// checkpoint (with the checkpoints nested in it) would take the session above

@@ -108,6 +108,13 @@ def clear_session(session: int) -> None:
     _C.clear_session(_session_id(session, "clear_session"))
 
 
+def discard_session(session: int) -> None:
+    """:func:`clear_session` for a caller that lets prefired recomputations
+    go on purpose (a budget making room, a prefire that was not needed):
+    what no pass used is not counted as wasted nor warned about."""
+    _C.discard_session(_session_id(session, "discard_session"))
+
+
 def set_session_budget(session: int, bytes: Optional[int]) -> None:
     """Caps the bytes ``session`` may hold (``None``: no cap); a prefire that
     would exceed it is refused and the checkpoint stays lazy. The cap belongs

@@ -347,7 +347,7 @@ class _StageSessions:
 
     def open(self, micro_batch: int, handles) -> None:
         if micro_batch in self.pending:  # a forward run again without its backward: the old graph is gone
-            self.close(micro_batch)
+            self.close(micro_batch, discard=True)
         if not handles:
             return
         self.pending[micro_batch] = self._new_session(handles)
@@ -387,7 +387,7 @@ class _StageSessions:
         (before its B): its checkpoints join a fresh session, which B
         recomputes into and bubbles may prefire into again."""
         mb = self.pending[micro_batch]
-        self.close(micro_batch)
+        self.close(micro_batch, discard=True)  # on purpose: counted in prefires_let_go, not as wasted
         self.pending[micro_batch] = self._new_session(mb.handles)
         self.owner._stats.prefires_let_go += 1
 
@@ -400,7 +400,7 @@ class _StageSessions:
             with session(mb.session, retain_on_unpack=retain):
                 run()
         except BaseException:
-            self.close(micro_batch)
+            self.close(micro_batch, discard=True)  # the error is what the caller hears of
             raise
         if weight:
             self.learn_w_reads(mb)
@@ -426,19 +426,22 @@ class _StageSessions:
         else:  # the first W, or a forward that saves otherwise (new shapes): learnt afresh
             self.w_reads = reads
 
-    def close(self, micro_batch: int) -> None:
+    def close(self, micro_batch: int, discard: bool = False) -> None:
+        """Ends the micro-batch's session; ``discard``: what it prefired may
+        go unused on purpose (``discard_session``), else an unused prefire
+        warns (Note [A session shares what is registered to it])."""
         mb = self.pending.pop(micro_batch)
         stats = self.owner._stats
         info = _C.session_stats(mb.session)
         stats.max_session_bytes = max(stats.max_session_bytes, info.peak_bytes)
-        _C.clear_session(mb.session)
+        (_C.discard_session if discard else _C.clear_session)(mb.session)
         if info.budget_bytes is not None:  # a bubble prefire's cap belongs to the id: removed with the session
             _C.set_session_budget(mb.session, None)
         self.owner.budget.closed(self.stage.stage_index, info.peak_bytes)
 
     def clear_all(self) -> None:
-        for micro_batch in list(self.pending):
-            self.close(micro_batch)
+        for micro_batch in list(self.pending):  # sessions whose passes will not come (a new step, eval, an error)
+            self.close(micro_batch, discard=True)
 
     def restore(self) -> None:
         self.clear_all()

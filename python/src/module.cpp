@@ -346,6 +346,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("kept_bytes", &prefire::kept_bytes, py::arg("handle"));
   m.def("clear_session", [](SessionId id) { warning_as_python([&] { prefire::clear_session(id); }); },
         py::arg("session"));
+  m.def("discard_session", [](SessionId id) { warning_as_python([&] { prefire::discard_session(id); }); },
+        py::arg("session"));
   m.def("set_session_budget", &prefire::set_session_budget, py::arg("session"), py::arg("bytes"));
 
   py::class_<SessionStats>(m, "SessionStats",

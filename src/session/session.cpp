@@ -240,23 +240,46 @@ SessionScope::~SessionScope() {
 
 SessionId SessionScope::id() const { return session_->id(); }
 
-void clear_session(SessionId id) {
-  PREFIRE_NVTX_RANGE("prefire::clear_session", id);
-  detail::check_session_id(id, "clear_session");
+namespace detail {
+namespace {
+
+// clear_session() and discard_session(): `what` names the caller; with
+// `discard`, prefired recomputations no pass used go unreported (see Note
+// [A session shares what is registered to it] in session.h).
+void end_session(SessionId id, const char* what, bool discard) {
+  check_session_id(id, what);
   std::unique_lock<std::mutex> lock;
-  auto session = detail::lock_existing_session(id, lock);
+  auto session = lock_existing_session(id, lock);
   if (!session) return;
   if (session->scope_open) {
-    throw CheckpointError("prefire::clear_session: session " + std::to_string(id) +
+    throw CheckpointError(std::string("prefire::") + what + ": session " + std::to_string(id) +
                           " has an open SessionScope; clear it after the scope closes");
   }
-  std::vector<detail::Session::Registered> frames;
+  std::vector<Session::Registered> frames;
   frames.swap(session->frames);
   lock.unlock();
   for (const auto& registered : frames) {
-    if (auto frame = registered.frame.lock()) frame->unregister(*session->core);
+    auto frame = registered.frame.lock();
+    if (!frame) continue;
+    if (discard) {
+      if (auto registration = frame->registration_in(*session->core)) registration->prefired.store(false);
+    }
+    frame->unregister(*session->core);
   }
-  detail::end_if_empty(session);
+  end_if_empty(session);
+}
+
+}  // namespace
+}  // namespace detail
+
+void clear_session(SessionId id) {
+  PREFIRE_NVTX_RANGE("prefire::clear_session", id);
+  detail::end_session(id, "clear_session", /*discard=*/false);
+}
+
+void discard_session(SessionId id) {
+  PREFIRE_NVTX_RANGE("prefire::discard_session", id);
+  detail::end_session(id, "discard_session", /*discard=*/true);
 }
 
 void set_session_budget(SessionId id, std::optional<int64_t> bytes) {

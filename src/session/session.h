@@ -74,7 +74,9 @@
 //    counted (RuntimeStats::wasted_prefires) and warned about once per
 //    process when its registration goes: at clear_session(), or when its
 //    graph is freed (a backward outside the session's scope).
-//    SessionStats::unused_prefires says how many are pending now.
+//    SessionStats::unused_prefires says how many are pending now. A caller
+//    that lets prefires go on purpose (prefire.pipelining's budget making
+//    room for a B) says so with discard_session(), which reports nothing.
 //
 // Lock order: registry, then a session, then a frame, then a recomputation's
 // single flight. No lock is held while user code (checkpointed functions,

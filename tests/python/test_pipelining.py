@@ -264,6 +264,7 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
             assert (r["recompute_bubble_s"] > 0) == (prefired > 0), (mode, r)
         for r in m["ranks"]:
             assert r["wait_s"] is not None and r["step_s"] > 0
+            assert r["wasted_prefires"] == 0, (mode, r["rank"])  # every prefire used, or let go on purpose
             assert 0 <= r["hideable_s"] <= min(r["wait_s"], r["recompute_s"]) + 1e-9
     assert all(r["budget_bytes"] is not None for r in summary["modes"]["budget 100%"]["ranks"])
     bound = summary["hidden_fraction_bound"]

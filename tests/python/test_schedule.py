@@ -240,6 +240,16 @@ def test_a_prefire_no_pass_used_warns_and_counts_as_wasted(warn_always):
     with pytest.warns(UserWarning, match="prefired into session 8"):
         prefire.clear_session(8)  # cleared before any pass
     assert prefire.runtime_stats().wasted_prefires == wasted + 2
+
+    with prefire.collect() as handles:
+        y = prefire.checkpoint(blocks[0], x)
+    prefire.prefire(handles[0], 9)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prefire.discard_session(9)  # let go on purpose: neither warned nor counted
+    assert prefire.runtime_stats().wasted_prefires == wasted + 2
     del y
 
 

@@ -195,6 +195,7 @@ class ModeRun:
         prefire.reset_runtime_peak()
         held_before = prefire.runtime_stats().held_bytes
         before = prefire.runtime_stats().recomputations
+        wasted_before = prefire.runtime_stats().wasted_prefires
         # See Note [The pipeline program's memory figures].
         prefire.reset_allocator_peak()
         allocated_before = prefire.allocator_bytes().current
@@ -219,6 +220,8 @@ class ModeRun:
             "recomputations_per_block_per_micro_batch": {
                 b: sum(1 for e in recomputes if e[2] == b) / cfg.model.micro_batches for b in self.blocks},
             "prefire_recomputations": prefire.runtime_stats().recomputations - before,
+            # prefires no pass used and nobody let go on purpose (Note [A session shares what is registered to it])
+            "wasted_prefires": prefire.runtime_stats().wasted_prefires - wasted_before,
             "recompute_s": recompute_s,
             "recompute_bubble_s": sum(e[4] - e[3] for e in recomputes if e[0] == "recompute-bubble"),
             "wait_s": sum(e[4] - e[3] for e in recorder.events if e[0] == "wait") if self.waits_seen else None,
@@ -256,6 +259,7 @@ class ModeRun:
             "recomputations": last["recomputations"],
             "recomputations_per_block_per_micro_batch": last["recomputations_per_block_per_micro_batch"],
             "prefire_recomputations": last["prefire_recomputations"],
+            "wasted_prefires": sum(s["wasted_prefires"] for s in self.steps),
             "step_peak_bytes": max(s["step_peak_bytes"] for s in measured),
             "peak_held_bytes": max(s["peak_held_bytes"] for s in measured),
             "budget_bytes": self.sessions.budget_bytes if self.sessions is not None else None,
