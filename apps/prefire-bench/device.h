@@ -16,7 +16,7 @@ void synchronize(const at::Device& device);
 /// so each mode starts from nothing cached. No-op on CPU.
 void reset_peaks(const at::Device& device);
 /// CUDA: the caching allocator's peak reserved bytes since the last peak
-/// reset; CPU: -1.
+/// reset (reset_peaks, prefire::reset_allocator_peak); CPU: -1.
 int64_t device_peak_reserved_bytes(const at::Device& device);
 
 }  // namespace prefire_bench

@@ -370,11 +370,12 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
       pass_bytes = 0;
       for (size_t i = 0; i < layers; ++i) pass_bytes += checkpointed[i] ? block_kept[i] : 0;
     }
+    // Every step resets the allocator's peaks (CUDA: reserved too): the mode's is the most of its steps'.
+    result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, device_peak_reserved_bytes(config.device));
     if (progress) progress(step + 1);
   }
   result.checkpointed = checkpointed;
   result.released_after_b_per_step = double(released) / config.steps;
-  result.peak_reserved_bytes = device_peak_reserved_bytes(config.device);
   result.recomputes_per_step = double(recomputations_measured) / config.steps;
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());

@@ -42,14 +42,15 @@ def reset_allocator_peak(device: Device = "cpu") -> None:
 class AllocatorPeak:
     """``with AllocatorPeak(device) as peak:`` measures the most the
     allocator held inside the block above what it held when the block began:
-    ``peak.bytes`` after the block. On CUDA, synchronizes at both ends. On
-    CPU, call :func:`count_cpu_allocations` before the model is built (this
-    does it, too late to see storages made before)."""
+    ``peak.bytes`` after the block (``peak.start_bytes``: what it held when
+    the block began). On CUDA, synchronizes at both ends. On CPU, call
+    :func:`count_cpu_allocations` before the model is built (this does it,
+    too late to see storages made before)."""
 
     def __init__(self, device: Device = "cpu") -> None:
         self.device = torch.device(device)
         self.bytes = 0
-        self._start = 0
+        self.start_bytes = 0
 
     def __enter__(self) -> "AllocatorPeak":
         if self.device.type == "cpu":
@@ -57,10 +58,10 @@ class AllocatorPeak:
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         reset_allocator_peak(self.device)
-        self._start = allocator_bytes(self.device).current
+        self.start_bytes = allocator_bytes(self.device).current
         return self
 
     def __exit__(self, *exc) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.bytes = allocator_bytes(self.device).peak - self._start
+        self.bytes = allocator_bytes(self.device).peak - self.start_bytes

@@ -226,7 +226,10 @@ at::Tensor Frame::unpack(size_t slot) {
     // See Note [A session keeps what the next pass reads] in session/keep_only.cpp.
     if (!s->for_nested_prefire) {
       s->registration->reads->mark(slot);
-      s->registration->used.store(true, std::memory_order_release);
+      // Written once: later unpacks (on other device threads too) only read the flag's cache line.
+      if (!s->registration->used.load(std::memory_order_relaxed)) {
+        s->registration->used.store(true, std::memory_order_relaxed);
+      }
     }
     if (r.trimmed(slot)) {
       session.trim_misses.fetch_add(1, std::memory_order_relaxed);
@@ -434,7 +437,7 @@ bool Frame::prefire(Registration& registration) {
                                                        full_extent());
   if (!event) return false;
   registration.session->prefires.fetch_add(1, std::memory_order_relaxed);
-  registration.prefired.store(true, std::memory_order_release);
+  registration.prefired.store(true, std::memory_order_relaxed);
   notify_recompute(*event);
   return true;
 }

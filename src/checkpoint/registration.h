@@ -74,9 +74,11 @@ struct Registration {
   Registration(const Registration&) = delete;
   Registration& operator=(const Registration&) = delete;
 
-  /// Whether prefire() recomputed into this registration and no pass has unpacked from it yet.
+  /// Whether prefire() recomputed into this registration and no pass has
+  /// unpacked from it yet. Flags, not data: relaxed (the destructor runs
+  /// after every holder let go, which orders it after their writes).
   bool unused_prefire() const {
-    return prefired.load(std::memory_order_acquire) && !used.load(std::memory_order_acquire);
+    return prefired.load(std::memory_order_relaxed) && !used.load(std::memory_order_relaxed);
   }
 
   const std::shared_ptr<SessionCore> session;

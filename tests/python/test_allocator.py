@@ -29,7 +29,7 @@ def forward_peak(run):
         h = x
         for b in blocks:
             h = run(b, h)
-        after_forward = prefire.allocator_bytes().current - peak._start
+        after_forward = prefire.allocator_bytes().current - peak.start_bytes
         h.sum().backward()
     return peak.bytes, after_forward
 

@@ -57,9 +57,9 @@ class RunConfig:
     #: mode held on any rank (what an SPMD script passes every rank: a
     #: device's memory), in place of a share of what none held on the rank
     uniform_budget: bool = False
-    #: every block runs in a SavedTensorMeter, so peak_held_bytes counts the
-    #: blocks' activations, and the stages let go of a step's state after it
-    #: (the memory sweep; the budget mode reads recomputed bytes alone)
+    #: every block runs in a SavedTensorMeter, so peak_held_bytes (the
+    #: census) counts the blocks' activations too (the memory sweep; the
+    #: budget mode reads recomputed bytes alone)
     meter_blocks: bool = False
     timeout_s: float = 120.0
     eval_steps: int = 0            # schedule.eval() steps after training, counting the recomputations they run

@@ -196,21 +196,18 @@ class ModeRun:
         held_before = prefire.runtime_stats().held_bytes
         before = prefire.runtime_stats().recomputations
         wasted_before = prefire.runtime_stats().wasted_prefires
-        # See Note [The pipeline program's memory figures].
-        prefire.reset_allocator_peak()
-        allocated_before = prefire.allocator_bytes().current
         # the slack each wait point's rule 2 works to in this step (Note [Filling bubbles]), for the simulator
         bubbles = getattr(sessions, "bubbles", None)
         slack = [[*point, s] for point, s in bubbles.slack.items()] if bubbles is not None else None
         dist.barrier()
-        begin = time.monotonic()
-        self.schedule.step(*self.args, **self.kwargs)
-        end = time.monotonic()
-        # What torch's stages keep of a step until their next one begins (which clears it first): let go
-        # now, inside the window, so that no mode's next step starts with it.
-        for stage in self.stages:
-            type(stage).clear_runtime_states(stage)
-        step_peak = prefire.allocator_bytes().peak - allocated_before
+        with prefire.AllocatorPeak() as step_peak:  # See Note [The pipeline program's memory figures].
+            begin = time.monotonic()
+            self.schedule.step(*self.args, **self.kwargs)
+            end = time.monotonic()
+            # What torch's stages keep of a step until their next one begins (which clears it first): let go
+            # now, inside the window, so that no mode's next step starts with it.
+            for stage in self.stages:
+                type(stage).clear_runtime_states(stage)
         recomputes = [e for e in recorder.events if e[0].startswith("recompute")]
         recompute_s = sum(e[4] - e[3] for e in recomputes)
         record = {
@@ -226,7 +223,7 @@ class ModeRun:
             "recompute_bubble_s": sum(e[4] - e[3] for e in recomputes if e[0] == "recompute-bubble"),
             "wait_s": sum(e[4] - e[3] for e in recorder.events if e[0] == "wait") if self.waits_seen else None,
             "hideable_s": hideable_s(recorder.events, recompute_s) if self.waits_seen else None,
-            "step_peak_bytes": step_peak,
+            "step_peak_bytes": step_peak.bytes,
             "peak_held_bytes": prefire.runtime_stats().peak_held_bytes - held_before,
             "events": [list(e) for e in recorder.events],
             "slack": slack,
