@@ -1,7 +1,7 @@
 """The most (block, micro-batch) pairs a pipeline rank can keep within a
 memory budget, by any plan, even one that chooses per micro-batch: a bound
 on what a keep/checkpoint plan can save, on the planner's own count (Note
-[What a plan holds] in src/memory/plan.cpp, `plan_bytes` on one item per
+[What a plan holds] in src/plan/plan_bytes.cpp, `plan_bytes` on one item per
 (stage, micro-batch, block) as `enable(memory_budget=...)` plans them: a
 kept one holds `kept` MiB, a checkpointed one `input` MiB and its pass at
 its micro-batch's B and W). Tries every choice (2^(blocks x stages x
@@ -26,8 +26,8 @@ def most_kept(order, blocks, micro_batches, kept, inputs, budget):
     items = []
     for s, m, _ in units:
         alive, done, passes = lifetime(order, s, m)
-        items.append(_C.BlockCost(int(kept * MiB), int(inputs * MiB), 1.0, 1, s * micro_batches + m, alive, done,
-                                  0, 0, -1, 0.0, 0, passes))
+        items.append(_C.BlockCost(saved_bytes=int(kept * MiB), input_bytes=int(inputs * MiB), recompute_seconds=1.0,
+                                  in_flight=1, group=s * micro_batches + m, alive=alive, done=done, passes=passes))
     best = (0, None, [])
     for mask in range(1 << len(units)):
         keep = [bool(mask >> i & 1) for i in range(len(units))]

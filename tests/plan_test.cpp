@@ -198,7 +198,7 @@ TEST(Plan, ABudgetBelowTheLeastNamesTheLeast) {
     prefire::plan_for_budget(blocks, least - 1);
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("budget_bytes=" + std::to_string(least - 1)), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("memory_budget=" + std::to_string(least - 1)), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("least any plan holds: " + std::to_string(least) + " bytes"),
               std::string::npos);
   }

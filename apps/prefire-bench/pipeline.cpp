@@ -360,7 +360,12 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
       const std::vector<int64_t> alive = moments(passes);
       const int64_t in_flight = *std::max_element(alive.begin(), alive.end());
       for (size_t i = 0; i < layers; ++i) {
-        costs[i] = prefire::BlockCost{block_kept[i], block_inputs[i], block_seconds[i] / mbs, in_flight, 0, alive};
+        costs[i] = prefire::BlockCost{.saved_bytes = block_kept[i],
+                                      .input_bytes = block_inputs[i],
+                                      .recompute_seconds = block_seconds[i] / mbs,
+                                      .in_flight = in_flight,
+                                      .group = 0,
+                                      .alive = alive};
       }
       result.least_plan_bytes = prefire::least_plan_bytes(costs);
       result.budget_bytes = std::max(spec.budget_bytes, result.least_plan_bytes);  // a sweep's lowest point

@@ -5,8 +5,9 @@
 // the backward that needs them, so that a step's activation bytes stay within
 // the budget and it recomputes as little as the budget allows. Pure
 // arithmetic on measured costs (no torch): the same plans for LibTorch
-// programs and the Python package. See Note [What a plan holds] in
-// src/memory/plan.cpp.
+// programs, the Python package and the pipeline simulator, which all ask
+// this planner rather than count a plan themselves. See Note [What a plan
+// holds] in src/plan/plan_bytes.cpp.
 
 #include <cstddef>
 #include <cstdint>
@@ -15,13 +16,22 @@
 namespace prefire {
 
 /// Up to this many blocks, Release::kAtStepEnd plans are chosen by trying
-/// every keep/checkpoint choice (Note [Choosing a plan]).
+/// every keep/checkpoint choice (Note [Choosing a plan] in src/plan/plan_search.cpp).
 inline constexpr size_t kExhaustiveBlocks = 16;
 /// ... and every keep/selective/full choice while there are at most this
 /// many of them in all (3 per block that has a selective checkpoint).
 inline constexpr size_t kExhaustivePlans = size_t{1} << kExhaustiveBlocks;
 
-/// What one block costs, as a step that checkpointed it measured.
+/// A block's choice in a plan.
+enum class Choice : uint8_t {
+  kKeep,        ///< its forward's saved tensors stay for backward
+  kCheckpoint,  ///< only its inputs stay; backward recomputes it
+  kSelective,   ///< its inputs and the outputs a policy keeps stay; backward recomputes the rest
+};
+
+/// What one block costs, as a step that checkpointed it measured. Build it
+/// by field name (designated initializers in C++, keywords in Python): the
+/// fields may grow.
 struct BlockCost {
   int64_t saved_bytes = 0;        // bytes: what its forward saves for backward when kept (storages counted once)
   int64_t input_bytes = 0;        // bytes: what a checkpoint of it holds instead (its inputs)
@@ -55,14 +65,29 @@ enum class Release {
 };
 
 struct Plan {
-  std::vector<bool> checkpointed;  // per block, in the order given
+  std::vector<Choice> choices;     // per block, in the order given
+  std::vector<bool> checkpointed;  // per block: choices[i] != kKeep
+  std::vector<bool> selective;     // per block: choices[i] == kSelective
   int64_t prefire_ahead = 0;       // checkpointed blocks recomputed ahead of the backward that needs them
   int64_t peak_bytes = 0;          // bytes: the most the plan holds, by Note [What a plan holds]
   double recompute_seconds = 0;    // seconds: what it recomputes per micro-batch
-  std::vector<bool> selective;     // per block: checkpointed selectively (only where checkpointed)
+  int64_t memory_budget = 0;       // bytes: the budget it was chosen for
+  int64_t blocks_bytes = 0;        // bytes: the most the blocks hold at a moment, the passes left out
+  std::vector<int64_t> pass_bytes;    // per block: what the pass that recomputes it holds (its group's checkpointed
+                                      // blocks' saved bytes together); 0 for a kept block
   std::vector<int64_t> moment_bytes;  // Release::kAtStepEnd with moments: what the blocks hold at each one, the
-                                      // passes left out (what a runtime's sessions may add to within the budget)
+                                      // passes left out
+  std::vector<int64_t> room_bytes;    // Release::kAtStepEnd: what the budget leaves a runtime's sessions (a B's
+                                      // recomputation kept for W, prefires) beside the blocks while the action
+                                      // ending at each moment runs (one entry without moments: anywhere in the
+                                      // step); see Note [What a plan holds]
 };
+
+/// The plan `choices` describes, counted as plan_for_budget() counts its own
+/// (peak, moments, passes and room within `memory_budget`, which it may
+/// exceed: then some room is negative). Throws as plan_bytes() does.
+Plan describe_plan(const std::vector<BlockCost>& blocks, const std::vector<Choice>& choices, int64_t memory_budget,
+                   int64_t prefire_ahead = 0, Release release = Release::kAtStepEnd);
 
 /// Bytes the plan `checkpointed` holds at most with `prefire_ahead` blocks
 /// prefired (Note [What a plan holds]); `selective`: per block, whether its
@@ -74,17 +99,22 @@ int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>
                    int64_t prefire_ahead = 0, Release release = Release::kAtStepEnd,
                    const std::vector<bool>& selective = {});
 
+/// Seconds choice `choice` adds to a step over keeping `block` (0 kept; its
+/// recomputation; its selective checkpoint's, Note [Selective checkpoints in a plan]).
+double choice_seconds(const BlockCost& block, Choice choice);
+
 /// The least any plan holds (nothing prefired): the bound plan_for_budget()
-/// refuses below. Exact up to kExhaustiveBlocks blocks with Release::kAtStepEnd;
-/// otherwise the least among the plans that keep every block above a size and
-/// checkpoint the others (Note [Choosing a plan]).
+/// refuses below, where it finds a plan. Exact with Release::kInBackward, and
+/// with Release::kAtStepEnd up to kExhaustivePlans choices; beyond, the least
+/// among the plans that keep every block above a size and checkpoint the
+/// others (Note [The least plan]).
 int64_t least_plan_bytes(const std::vector<BlockCost>& blocks, Release release = Release::kAtStepEnd);
 
-/// The plan that recomputes least within `budget_bytes`, then prefires as far
+/// The plan that recomputes least within `memory_budget` bytes, then prefires as far
 /// ahead as the bytes left allow. Throws std::invalid_argument for a budget
 /// below least_plan_bytes() (the message names that minimum), a negative cost
 /// or in_flight below 1. Any thread; deterministic.
-Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t budget_bytes,
+Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t memory_budget,
                      Release release = Release::kAtStepEnd);
 
 }  // namespace prefire

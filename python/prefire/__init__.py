@@ -34,10 +34,12 @@ from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpo
 from ._meter import SavedTensorMeter
 from ._plan import (
     BlockCost,
+    Choice,
     MemoryPlanner,
     Plan,
     PlannedBlock,
     Release,
+    describe_plan,
     least_plan_bytes,
     plan_bytes,
     plan_for_budget,
@@ -69,6 +71,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointHandle",
     "CheckpointWrapper",
+    "Choice",
     "MATMUL_AND_ATTENTION",
     "MemoryPlanner",
     "Plan",
@@ -86,6 +89,7 @@ __all__ = [
     "clear_session",
     "collect",
     "count_cpu_allocations",
+    "describe_plan",
     "discard_session",
     "least_plan_bytes",
     "plan_bytes",

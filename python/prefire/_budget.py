@@ -35,10 +35,11 @@ holds its stage's need while it runs if it recomputes.
     rest stays B's). "Now" is the rank's place in its actions, counted by
     the stage wrappers (``ran``).
 Under a memory plan (``enable(memory_budget=...)``, Note [A pipeline rank's
-memory plan] in _pipeline_plan.py) N is the memory budget less what the
-plan's blocks hold at each action (``set(blocks_at=...)``): more room where
-few micro-batches are in flight, and the plan already counted each pass
-where it runs; a micro-batch whose blocks the plan keeps needs no pass
+memory plan] in _pipeline_plan.py) N is what the planner says the memory
+budget leaves beside the plan's blocks while each action runs
+(``set(room=Plan.room_bytes)``, Note [What a plan holds] in
+src/plan/plan_bytes.cpp): more room where few micro-batches are in flight,
+and the plan already counted each pass where it runs; a micro-batch whose blocks the plan keeps needs no pass
 (``expect(idle=...)``: a plan chooses per micro-batch).
 What a B keeps for W saves a recomputation; a bubble prefire only moves one
 off the critical path. So the keep decision must not depend on when the
@@ -65,7 +66,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 from . import _C
 from ._order import Action
 
-Key = Tuple[int, int]  # (stage index, micro-batch)
+StageMicroBatch = Tuple[int, int]  # (stage index, micro-batch)
 
 
 def _holds(mb: Any) -> int:
@@ -75,23 +76,23 @@ def _holds(mb: Any) -> int:
 class RankBudget:
     """The budget of one rank's sessions (Note [A rank's byte budget])."""
 
-    def __init__(self, budget_bytes: Optional[int], pending: Callable[[], Dict[Key, Any]],
+    def __init__(self, budget_bytes: Optional[int], pending: Callable[[], Dict[StageMicroBatch, Any]],
                  actions: Callable[[], Optional[List[Action]]], holds: Callable[[Any], int] = _holds) -> None:
         """``pending()``: the rank's open sessions, (stage, micro-batch) ->
         ``_MicroBatch``; ``actions()``: the rank's actions in one step, in
         order (None: the schedule keeps no order); ``holds(mb)``: the bytes
         a micro-batch's session holds now."""
         self.bytes = budget_bytes
-        self.blocks_at: Optional[List[int]] = None  # a memory plan's blocks after each action (set())
+        self.room: Optional[List[int]] = None  # a memory plan's room for the sessions at each action (set())
         self.pending = pending
         self.holds = holds
         self.stage_bytes: Dict[int, int] = {}   # a stage's need: the most one of its sessions held
-        self.idle: Set[Key] = set()              # micro-batches of a stage a memory plan recomputes nothing of
+        self.idle: Set[StageMicroBatch] = set()              # micro-batches of a stage a memory plan recomputes nothing of
         self.kept_bytes: Dict[int, int] = {}    # what a stage's session keeps for W after B, when trimmed
         self._read_actions = actions
         self._actions: Optional[List[Action]] = None
-        self._b_at: Dict[Key, int] = {}          # where each B (or full backward) is in the actions
-        self._w_at: Dict[Key, int] = {}          # where each W is
+        self._b_at: Dict[StageMicroBatch, int] = {}          # where each B (or full backward) is in the actions
+        self._w_at: Dict[StageMicroBatch, int] = {}          # where each W is
         self._at: Optional[int] = None           # the rank's place in its actions this step (None: unknown)
         self._warned = False
 
@@ -99,28 +100,27 @@ class RankBudget:
     def pass_bytes(self) -> int:
         return max(self.stage_bytes.values(), default=0)
 
-    def set(self, budget_bytes: Optional[int], warn: bool = True, blocks_at: Optional[List[int]] = None) -> None:
+    def set(self, budget_bytes: Optional[int], warn: bool = True, room: Optional[List[int]] = None) -> None:
         """A new budget; ``warn=False``: a budget below the floor on purpose
-        (a memory plan's measuring step), said nothing of. ``blocks_at``:
-        what a memory plan's blocks hold after each of the rank's actions
-        (``Plan.moment_bytes``); the sessions then hold at most the budget
-        less that, action by action."""
+        (a memory plan's measuring step), said nothing of. ``room``: under a
+        memory plan of ``budget_bytes``, what it leaves the sessions while
+        each of the rank's actions runs (``Plan.room_bytes``)."""
         self.bytes = budget_bytes
-        self.blocks_at = blocks_at
-        self._warned = not warn or blocks_at is not None  # the plan counted its passes where they run
+        self.room = room
+        self._warned = not warn or room is not None  # the plan counted its passes where they run
 
     def _room(self, at: Optional[int]) -> int:
         """What the sessions may hold while the action at index ``at``
         runs (None: anywhere in the step)."""
         assert self.bytes is not None
-        blocks = self.blocks_at
-        if not blocks:
+        room = self.room
+        if not room:
             return self.bytes
-        if at is None or len(blocks) != len(self.actions()) or not 0 <= at < len(blocks):
-            return self.bytes - max(blocks)
-        return self.bytes - max(blocks[at], blocks[at - 1] if at > 0 else 0)
+        if at is None or len(room) != len(self.actions()) or not 0 <= at < len(room):
+            return min(room)
+        return room[at]
 
-    def expect(self, stage_bytes: Dict[int, int], idle: Iterable[Key] = ()) -> None:
+    def expect(self, stage_bytes: Dict[int, int], idle: Iterable[StageMicroBatch] = ()) -> None:
         """What a pass of each stage will hold from now on (a new memory
         plan), and the (stage, micro-batch) pairs whose passes recompute
         nothing (the plan keeps their blocks): replaces what was learnt;
@@ -163,7 +163,7 @@ class RankBudget:
         else:
             self._at = None
 
-    def room_for_prefires(self, key: Key) -> Optional[int]:
+    def room_for_prefires(self, key: StageMicroBatch) -> Optional[int]:
         """The budget the session of ``key`` gets before a bubble prefire
         into it: the most it may hold (None: no cap)."""
         if self.bytes is None:
@@ -177,7 +177,7 @@ class RankBudget:
             return max(0, self._room(None) - self.pass_bytes - sum(held.values()))
         return max(0, self._headroom(held, self._at, b_at, self.pass_bytes, keep=True))
 
-    def after_b(self, key: Key) -> Tuple[bool, List[Key]]:
+    def after_b(self, key: StageMicroBatch) -> Tuple[bool, List[StageMicroBatch]]:
         """After the B of ``key``: whether its session may keep its
         recomputation for W, and the bubble-prefired sessions to let go
         first so that it may."""
@@ -192,7 +192,7 @@ class RankBudget:
         last = len(self.actions())
         prefired = sorted((k for k, mb in pending.items() if k != key and not mb.kept_for_w and held[k] > 0),
                           key=lambda k: self._b_at.get(k, last), reverse=True)
-        let_go: List[Key] = []
+        let_go: List[StageMicroBatch] = []
         while True:
             if w_at is None:
                 fits = sum(held.values()) + need <= self._room(None)
@@ -207,10 +207,10 @@ class RankBudget:
             held[k] = 0
             let_go.append(k)
 
-    def _held(self) -> Dict[Key, int]:
+    def _held(self) -> Dict[StageMicroBatch, int]:
         return {k: self.holds(mb) for k, mb in self.pending().items()}
 
-    def _headroom(self, held: Dict[Key, int], begin: int, end: int, unseen_need: int, keep: bool,
+    def _headroom(self, held: Dict[StageMicroBatch, int], begin: int, end: int, unseen_need: int, keep: bool,
                   now: Optional[int] = None) -> int:
         """The least room the sessions leave of the budget from now (the
         rank about to run action ``begin``, or running ``now``), holding

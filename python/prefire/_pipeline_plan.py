@@ -23,7 +23,7 @@ stands for one recomputation (synchronised on CUDA; the measuring step
 only). When the rank's last action of the step has run (or the next step
 begins, for a schedule without an order of actions), the C++ planner
 chooses (``plan_for_budget``, Release::kAtStepEnd, Note [What a plan holds]
-in src/memory/plan.cpp) for each block and micro-batch apart, where the
+in src/plan/plan_bytes.cpp) for each block and micro-batch apart, where the
 rank's actions say when each micro-batch runs: one item per (stage,
 micro-batch, block), held from that micro-batch's F to its W (or full
 backward), recomputed by its B and W, and past its W holding what the
@@ -53,8 +53,9 @@ of the budget is the rank's byte budget for sessions (Note [A rank's byte
 budget] in _budget.py): it decides which B keeps its recomputation for W
 and how far bubble prefires may go, action by action: the plan counts
 each stage's pass where the rank runs it (its B, W or full backward:
-Note [What a plan holds] in src/memory/plan.cpp), and leaves the
-sessions what the blocks do not hold at each moment (``Plan.moment_bytes``).
+Note [What a plan holds] in src/plan/plan_bytes.cpp), and leaves the
+sessions what the blocks do not hold at each action (``Plan.room_bytes``,
+from the planner, as is what each pass holds, ``Plan.pass_bytes``).
 So the budget holds at every step, the measuring one included, for any
 budget at or above what checkpointing everything holds; a budget below
 that raises at the end of its measuring step, naming it (a plan that keeps
@@ -62,7 +63,7 @@ some blocks may hold less still, but the measuring step checkpoints them).
 
 With ``selective=`` a block has a third choice, a selective checkpoint
 (torch's SAC by a policy: Note [Selective checkpoints in a plan] in
-src/memory/plan.cpp): the measuring forward of each block whose call has
+src/plan/plan_bytes.cpp): the measuring forward of each block whose call has
 no context_fn of its own runs under a probe that finds what that would
 hold beyond the inputs and what share of the forward's time it would
 recompute (Note [Measuring a selective checkpoint] in _selective.py),
@@ -89,46 +90,27 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import _C
 from ._budget import RankBudget
 from ._meter import SavedTensorMeter
+from ._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors
 from ._order import Action
-from ._checkpoint import checkpoint_bytes
-from ._plan import _signature, _tensors, _timed
-from ._selective import context_fn, mode_costs, probing, selective_cost
+from ._selective import context_fn, mode_costs
 
-KEEP, FULL, SELECTIVE = 0, 1, 2  # a block's choice: kept, checkpointed, checkpointed selectively
+KEEP, CHECKPOINT, SELECTIVE = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE
 PASSES = ("B", "W", "BW")  # the actions that recompute a stage's checkpointed blocks
 
 _log = logging.getLogger("prefire")
 
-Signature = Tuple[Any, ...]
-Key = Tuple[Tuple[int, Signature], ...]  # ((stage, signature), ...) for the rank's stages, in stage order
-
-
-def alive(actions: List[Action], stage: int) -> Tuple[List[int], List[int]]:
-    """After each of the rank's ``actions``: the micro-batches of ``stage``
-    between their F and their W (or full backward), and those past it."""
-    held = gone = 0
-    alive_at, done_at = [], []
-    for kind, s, _ in actions:
-        if s == stage:
-            if kind == "F":
-                held += 1
-            elif kind in ("W", "BW"):
-                held, gone = held - 1, gone + 1
-        alive_at.append(held)
-        done_at.append(gone)
-    return alive_at, done_at
+PlanKey = Tuple[Tuple[int, Signature], ...]  # ((stage, signature), ...) for the rank's stages, in stage order
 
 
 @dataclass
 class _Measured:
     """What the forwards of one stage and signature measured, per block:
-    (kept bytes, input bytes, seconds, selective bytes (-1: none),
-    selective seconds) of each micro-batch; and what a block still held
-    after its micro-batch's W, per choice (KEEP, FULL, SELECTIVE; None: not
-    seen yet)."""
+    (kept bytes, what its measuring forward measured) of each micro-batch;
+    and what a block still held after its micro-batch's W, per choice
+    (KEEP, CHECKPOINT, SELECTIVE; None: not seen yet)."""
 
-    blocks: List[List[Tuple[int, int, float, int, float]]] = field(default_factory=list)
-    after: List[List[Optional[int]]] = field(default_factory=list)  # per choice, per block
+    blocks: List[List[Tuple[int, Measured]]] = field(default_factory=list)
+    after: Dict[Any, List[Optional[int]]] = field(default_factory=dict)  # per choice, per block
 
 
 @dataclass
@@ -136,9 +118,10 @@ class RankPlan:
     """The plan of one key: per stage and micro-batch, which of its blocks
     are checkpointed."""
 
-    key: Key
+    key: PlanKey
     costs: List[_C.BlockCost]  # per block, the stages in the key's order (what the measuring step found)
     plan: _C.Plan              # a choice per (stage, micro-batch, block) where the actions are known, else per block
+    pass_bytes: Dict[int, int]  # per stage, the most one of its passes holds (the planner's Plan.pass_bytes)
     checkpointed: Dict[int, List[List[bool]]]  # per stage, micro-batch and block: checkpointed, selectively or not
     selective: Dict[int, List[List[bool]]]
     blocks_bytes: int    # the most the blocks hold, the plan's recomputation left out
@@ -150,14 +133,13 @@ class _StageForward:
 
     def __init__(self, planner: "RankPlanner", stage: int, micro_batch: int) -> None:
         self.planner, self.stage, self.micro_batch = planner, stage, micro_batch
-        self.choices: Optional[List[int]] = None  # per call: KEEP, FULL or SELECTIVE; None: measuring
+        self.choices: Optional[List[Any]] = None  # per call: a Choice; None: measuring
         self.signature: Optional[Signature] = None
-        # measuring, per call: (input bytes, seconds, selective bytes (-1: none), selective seconds)
-        self.records: List[Tuple[int, float, int, float]] = []
-        self.meters: List[Tuple[int, SavedTensorMeter]] = []  # per call: its choice, and its meter
+        self.records: List[Measured] = []  # measuring, per call
+        self.meters: List[Tuple[Any, SavedTensorMeter]] = []  # per call: its choice, and its meter
         self.calls = 0
 
-    def _metered(self, choice: int, run: Callable[[], Any]) -> Any:
+    def _metered(self, choice: Any, run: Callable[[], Any]) -> Any:
         meter = SavedTensorMeter()
         self.meters.append((choice, meter))
         with meter:
@@ -167,11 +149,11 @@ class _StageForward:
             selective: Optional[Callable[[Callable[[], Any]], Any]], args: Tuple[Any, ...],
             kwargs: Dict[str, Any]) -> Any:
         if self.calls == 0:
-            self.signature = _signature(_tensors(args, kwargs))
+            self.signature = signature(tensors(args, kwargs))
             self.choices = self.planner._choices(self.stage, self.micro_batch, self.signature)
         index, self.calls = self.calls, self.calls + 1
         if self.choices is None:
-            return self._measure(checkpointed, selective is not None, _tensors(args, kwargs))
+            return self._measure(checkpointed, selective is not None, tensors(args, kwargs))
         if index >= len(self.choices):
             raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s forward made more checkpoint calls than the "
                                f"{len(self.choices)} its plan was measured with; memory_budget plans each call of a "
@@ -183,17 +165,15 @@ class _StageForward:
                                    f"context_fn of its own where its plan, measured without one, checkpoints it "
                                    f"selectively; the forwards of one input signature must make the same calls")
             return self._metered(choice, lambda: selective(self.planner.selective_context))
-        return self._metered(choice, checkpointed if choice == FULL else plain)
+        return self._metered(choice, checkpointed if choice == CHECKPOINT else plain)
 
-    def _measure(self, checkpointed: Callable[[], Any], selectable: bool, tensors: List[Any]) -> Any:
-        """A measuring call: the checkpoint, timed, and where a selective
-        one is planned for, what that would hold and recompute (Note
-        [Measuring a selective checkpoint] in _selective.py)."""
-        with probing(self.planner.selective_policy if selectable else None) as probe:
-            out, seconds = _timed(lambda: self._metered(FULL, checkpointed), any(t.is_cuda for t in tensors))
-        inputs = checkpoint_bytes(tensors)
-        selective, selective_seconds, seconds = selective_cost(probe, self.planner.mode_costs, inputs, seconds)
-        self.records.append((inputs, seconds, selective, selective_seconds))
+    def _measure(self, checkpointed: Callable[[], Any], selectable: bool, inputs: List[Any]) -> Any:
+        """A measuring call (_measuring.py), and where a selective
+        checkpoint is planned for, what that would hold and recompute."""
+        out, measured = measure(lambda: self._metered(CHECKPOINT, checkpointed), inputs,
+                                self.planner.selective_policy if selectable else None, self.planner.mode_costs,
+                                any(t.is_cuda for t in inputs))
+        self.records.append(measured)
         return out
 
 
@@ -218,7 +198,7 @@ class RankPlanner:
         self.measuring_steps = 0
         self._measured: Dict[Tuple[int, Signature], _Measured] = {}
         self._latest: Dict[int, Signature] = {}   # each stage's signature in its latest forward
-        self._plans: Dict[Key, RankPlan] = {}
+        self._plans: Dict[PlanKey, RankPlan] = {}
         self._current: Optional[RankPlan] = None
         self._measuring = False                    # this step measures
         self._actions: List[Action] = []           # the rank's actions in a step (empty: no order)
@@ -235,7 +215,7 @@ class RankPlanner:
 
     def set_memory_budget(self, memory_budget: int) -> None:
         """A new budget, planned from what was measured, from the next forward on."""
-        check_memory_budget(memory_budget)
+        check_memory_budget("prefire.pipelining", memory_budget)
         self.memory_budget = memory_budget
         current = self._current.key if self._current is not None else None
         for key in list(self._plans):  # every signature measured, planned anew
@@ -247,7 +227,7 @@ class RankPlanner:
     def forward(self, stage: int, micro_batch: int) -> _StageForward:
         return _StageForward(self, stage, micro_batch)
 
-    def _choices(self, stage: int, micro_batch: int, signature: Signature) -> Optional[List[int]]:
+    def _choices(self, stage: int, micro_batch: int, signature: Signature) -> Optional[List[Any]]:
         self._latest[stage] = signature
         current = self._current
         if current is not None and (stage, signature) in current.key:
@@ -281,13 +261,12 @@ class RankPlanner:
         measured = self._measured.setdefault((forward.stage, forward.signature), _Measured())
         if not measured.blocks:
             measured.blocks = [[] for _ in handles]
-            measured.after = [[None] * len(handles) for _ in (KEEP, FULL, SELECTIVE)]
+            measured.after = {choice: [None] * len(handles) for choice in (KEEP, CHECKPOINT, SELECTIVE)}
         if len(measured.blocks) != len(handles):
             raise RuntimeError(f"prefire.pipelining: stage {forward.stage}'s forwards of one signature made "
                                f"{len(measured.blocks)} and {len(handles)} checkpoint calls")
-        for block, handle, (inputs, seconds, selective, selective_seconds) in zip(measured.blocks, handles,
-                                                                                   forward.records):
-            block.append((_C.kept_bytes(handle), inputs, seconds, selective, selective_seconds))
+        for block, handle, record in zip(measured.blocks, handles, forward.records):
+            block.append((_C.kept_bytes(handle), record))
 
     def released(self, stage: int, micro_batch: int) -> None:
         """The W (or full backward) of ``micro_batch`` on ``stage`` ran: what
@@ -330,28 +309,30 @@ class RankPlanner:
         elif learnt and self._current is not None:
             self._current = self._choose(self._current.key)
 
-    def _choose(self, key: Key) -> RankPlan:
+    def _choose(self, key: PlanKey) -> RankPlan:
         costs: List[_C.BlockCost] = []
         for stage, signature in key:
-            moments, done = alive(self._actions, stage)  # empty without an order of actions: every micro-batch
-            passes = [int(s == stage and kind in PASSES) for kind, s, _ in self._actions]
+            # empty without an order of actions: every micro-batch at every moment
+            moments, done, passes = lifetime(self._actions, stage)
             flight = max(moments, default=self.micro_batches) or 1
             measured = self._measured[(stage, signature)]
             # per choice, per block: what it holds (selective: -1 where a block has none)
-            wholes = [[max(r[0] for r in runs) for runs in measured.blocks],
-                      [max(r[1] for r in runs) for runs in measured.blocks],
-                      [-1 if min(r[3] for r in runs) < 0 else max(r[3] for r in runs) for runs in measured.blocks]]
+            wholes = {KEEP: [max(kept for kept, _ in runs) for runs in measured.blocks],
+                      CHECKPOINT: [max(r.input_bytes for _, r in runs) for runs in measured.blocks],
+                      SELECTIVE: [-1 if min(r.selective_bytes for _, r in runs) < 0
+                                  else max(r.selective_bytes for _, r in runs) for runs in measured.blocks]}
             last = stage == self.last_stage and not self.last_stage_lets_go
-            shares = [_share(after, whole) for after, whole in zip(measured.after, wholes)]
+            shares = {c: _share(measured.after[c], wholes[c]) for c in wholes}
             for index, runs in enumerate(measured.blocks):
-                saved, inputs, selective = (whole[index] for whole in wholes)
-                kept_after, input_after, selective_after = (
-                    _after(after[index], max(0, whole[index]), last, share)
-                    for after, whole, share in zip(measured.after, wholes, shares))
+                after = {c: _after(measured.after[c][index], max(0, wholes[c][index]), last, shares[c]) for c in wholes}
+                selective = wholes[SELECTIVE][index]
                 costs.append(_C.BlockCost(
-                    saved, inputs, statistics.median(r[2] for r in runs), flight, stage, moments, done, kept_after,
-                    input_after, selective, statistics.median(r[4] for r in runs) if selective >= 0 else 0.0,
-                    selective_after if selective >= 0 else 0, passes))
+                    saved_bytes=wholes[KEEP][index], input_bytes=wholes[CHECKPOINT][index],
+                    recompute_seconds=statistics.median(r.seconds for _, r in runs), in_flight=flight, group=stage,
+                    alive=moments, done=done, passes=passes, saved_after_bytes=after[KEEP],
+                    input_after_bytes=after[CHECKPOINT], selective_bytes=selective,
+                    selective_seconds=statistics.median(r.selective_seconds for _, r in runs) if selective >= 0 else 0.0,
+                    selective_after_bytes=after[SELECTIVE] if selective >= 0 else 0))
         # per (stage, micro-batch, block) where the rank's actions say when each micro-batch runs
         items = _per_micro_batch(costs, self._actions, self.micro_batches) if self._actions else costs
         least = _C.plan_bytes(items, [True] * len(items), 0, _C.Release.AT_STEP_END)  # as a measuring step runs
@@ -363,55 +344,55 @@ class RankPlanner:
         plan = _C.plan_for_budget(items, self.memory_budget, _C.Release.AT_STEP_END)
         checkpointed: Dict[int, List[List[bool]]] = {}
         selective: Dict[int, List[List[bool]]] = {}
+        pass_bytes: Dict[int, int] = {}
         at = 0
         for stage, signature in key:
             n = len(self._measured[(stage, signature)].blocks)
+            span = n if items is costs else n * self.micro_batches
             for choices, chosen_items in ((checkpointed, plan.checkpointed), (selective, plan.selective)):
                 if items is costs:  # one choice per block, for every micro-batch
                     choices[stage] = [list(chosen_items[at:at + n])] * self.micro_batches
                 else:
                     choices[stage] = [list(chosen_items[at + m * n:at + (m + 1) * n]) for m in range(self.micro_batches)]
-            at += n if items is costs else n * self.micro_batches
-        if plan.moment_bytes:
-            blocks = max(plan.moment_bytes)
-        else:
-            one_pass = max(_passes(costs, checkpointed).values(), default=0)
-            blocks = _C.plan_bytes(costs, plan.checkpointed, 0, _C.Release.AT_STEP_END, plan.selective) - one_pass
-        chosen = RankPlan(key, costs, plan, checkpointed, selective, blocks, self.memory_budget - blocks)
+            pass_bytes[stage] = max(plan.pass_bytes[at:at + span], default=0)
+            at += span
+        chosen = RankPlan(key, costs, plan, pass_bytes, checkpointed, selective, plan.blocks_bytes,
+                          self.memory_budget - plan.blocks_bytes)
         self._plans[key] = chosen
         self._use(chosen)
         _log.info("%s", describe(chosen, self.memory_budget))
         return chosen
 
     def _use(self, plan: RankPlan) -> None:
-        self.budget.expect(_passes(plan.costs, plan.checkpointed),
+        self.budget.expect(plan.pass_bytes,
                            [(stage, m) for stage, per_micro_batch in plan.checkpointed.items()
                             for m, blocks in enumerate(per_micro_batch) if not any(blocks)])
-        if plan.plan.moment_bytes:  # the sessions hold what the blocks leave of the budget at each moment
-            self.budget.set(self.memory_budget, blocks_at=list(plan.plan.moment_bytes))
+        if plan.plan.moment_bytes:  # the sessions hold what the blocks leave of the budget at each action
+            self.budget.set(self.memory_budget, room=list(plan.plan.room_bytes))
         else:
             self.budget.set(plan.session_bytes)
 
 
-def _choices_of(plan: RankPlan, stage: int, micro_batch: int) -> List[int]:
+def _choices_of(plan: RankPlan, stage: int, micro_batch: int) -> List[Any]:
     checkpointed, selective = plan.checkpointed[stage], plan.selective[stage]
     m = micro_batch % len(checkpointed)  # a step of more micro-batches than planned: as many as a plan has
-    return [SELECTIVE if s else FULL if c else KEEP for c, s in zip(checkpointed[m], selective[m])]
+    return [SELECTIVE if s else CHECKPOINT if c else KEEP for c, s in zip(checkpointed[m], selective[m])]
 
 
-def lifetime(actions: List[Action], stage: int, micro_batch: int) -> Tuple[List[int], List[int], List[int]]:
-    """After each of the rank's ``actions``: whether ``micro_batch`` of
-    ``stage`` is between its F and its W (or full backward), whether it is
-    past it, and whether the action is one of its passes (B, W, full
-    backward)."""
+def lifetime(actions: List[Action], stage: int,
+             micro_batch: Optional[int] = None) -> Tuple[List[int], List[int], List[int]]:
+    """After each of the rank's ``actions``: how many micro-batches of
+    ``stage`` (only ``micro_batch``, if given) are between their F and their
+    W (or full backward), how many are past it, and how many of their
+    passes (B, W, full backward) the action is."""
     held = gone = 0
     alive_at, done_at, passes = [], [], []
     for kind, s, m in actions:
-        mine = (s, m) == (stage, micro_batch)
+        mine = s == stage and micro_batch in (None, m)
         if mine and kind == "F":
-            held = 1
+            held += 1
         elif mine and kind in ("W", "BW"):
-            held, gone = 0, 1
+            held, gone = held - 1, gone + 1
         alive_at.append(held)
         done_at.append(gone)
         passes.append(int(mine and kind in PASSES))
@@ -429,9 +410,8 @@ def _per_micro_batch(costs: List[_C.BlockCost], actions: List[Action], micro_bat
         blocks = [c for c in costs if c.group == stage]
         for m in range(micro_batches):
             alive_at, done_at, passes = lifetime(actions, stage, m)
-            items.extend(_C.BlockCost(c.saved_bytes, c.input_bytes, c.recompute_seconds, 1, i * micro_batches + m,
-                                      alive_at, done_at, c.saved_after_bytes, c.input_after_bytes, c.selective_bytes,
-                                      c.selective_seconds, c.selective_after_bytes, passes) for c in blocks)
+            items.extend(_C.BlockCost.from_dict(dict(c.to_dict(), in_flight=1, group=i * micro_batches + m,
+                                                     alive=alive_at, done=done_at, passes=passes)) for c in blocks)
     return items
 
 
@@ -450,16 +430,6 @@ def _after(measured: Optional[int], whole: int, last: bool, share: Optional[floa
 def _share(after: List[Optional[int]], wholes: List[int]) -> Optional[float]:  # wholes of -1: none
     seen = [a / w for a, w in zip(after, wholes) if a is not None and w > 0]
     return max(seen, default=None)
-
-
-def _passes(costs: List[_C.BlockCost], checkpointed: Dict[int, List[List[bool]]]) -> Dict[int, int]:
-    """Per stage, the most one pass recomputes of a micro-batch: its checkpointed blocks' saved bytes (a
-    selective one's too, Note [Selective checkpoints in a plan] in src/memory/plan.cpp)."""
-    passes: Dict[int, int] = {}
-    for stage, per_micro_batch in checkpointed.items():
-        saved = [c.saved_bytes for c in costs if c.group == stage]
-        passes[stage] = max(sum(b for b, c in zip(saved, chosen) if c) for chosen in per_micro_batch)
-    return passes
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:
@@ -481,9 +451,3 @@ def describe(plan: RankPlan, memory_budget: int) -> str:
     return (f"prefire.pipelining: memory budget {memory_budget} bytes: {stages}; the blocks hold at most "
             f"{plan.blocks_bytes} bytes, with the passes {plan.plan.peak_bytes}, the sessions may hold "
             f"{plan.session_bytes}{where}; recomputes {plan.plan.recompute_seconds * 1e3:.3f} ms per micro-batch")
-
-
-def check_memory_budget(memory_budget: Any) -> None:
-    if type(memory_budget) is not int or memory_budget < 0:
-        raise ValueError(f"prefire.pipelining: memory_budget must be a number of bytes (an int >= 0), got "
-                         f"{memory_budget!r}")

@@ -16,16 +16,17 @@ storages, with what the checkpoint holds beyond them (a selective
 checkpoint's cache, Note [Selective checkpointing inside prefire] in
 _checkpoint.py), say what the checkpoint holds instead, and its forward
 time stands for one recomputation (on CUDA synchronised: the measuring step
-only). After the last block's forward the C++ planner (``plan_for_budget``
+only; both measured as the pipeline planner measures, _measuring.py).
+After the last block's forward the C++ planner (``plan_for_budget``
 with ``Release.IN_BACKWARD``: one backward pass, a block's backward finds
 only the blocks below it held; Note [Choosing a plan] in
-src/memory/plan.cpp) chooses which blocks keep their activations, the plan
+src/plan/plan_search.cpp) chooses which blocks keep their activations, the plan
 is logged, and every later step of that signature runs it; a new signature
 measures again, so a shape change re-plans and alternating shapes each keep
 their plan.
 
 With ``selective=`` a block has a third choice, a selective checkpoint
-(Note [Selective checkpoints in a plan] in src/memory/plan.cpp), whose
+(Note [Selective checkpoints in a plan] in src/plan/plan_bytes.cpp), whose
 bytes and recomputation time the measuring forward finds under a probe
 (Note [Measuring a selective checkpoint] in _selective.py); a block chosen
 so runs prefire.checkpoint with the policy's context_fn.
@@ -46,19 +47,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
-from torch.utils import _pytree as pytree
 
 from . import _C, _schedule
-from ._checkpoint import CheckpointWrapper, checkpoint, checkpoint_bytes
-from ._selective import Policy, context_fn, mode_costs, policy, probing, selective_cost
+from ._checkpoint import CheckpointWrapper, checkpoint
+from ._measuring import check_memory_budget, measure, signature, tensors
+from ._selective import Policy, context_fn, mode_costs, policy
 
 BlockCost = _C.BlockCost
+Choice = _C.Choice
 Plan = _C.Plan
 Release = _C.Release
 _ONE_PASS = Release.IN_BACKWARD  # a plain model's step: Note [Planning a plain model's blocks]
@@ -66,13 +67,13 @@ _ONE_PASS = Release.IN_BACKWARD  # a plain model's step: Note [Planning a plain 
 _log = logging.getLogger("prefire")
 
 
-def plan_for_budget(blocks: Sequence[BlockCost], budget_bytes: int, release: Release = Release.AT_STEP_END) -> Plan:
-    """The plan that recomputes least within ``budget_bytes`` (the C++
+def plan_for_budget(blocks: Sequence[BlockCost], memory_budget: int, release: Release = Release.AT_STEP_END) -> Plan:
+    """The plan that recomputes least within ``memory_budget`` bytes (the C++
     planner; ``release``: when a block lets go, Note [What a plan holds] in
-    src/memory/plan.cpp: ``IN_BACKWARD`` for a plain model's one backward pass,
+    src/plan/plan_bytes.cpp: ``IN_BACKWARD`` for a plain model's one backward pass,
     ``AT_STEP_END``, the default as in C++, for a pipeline's). Raises ValueError below
     :func:`least_plan_bytes`, naming it."""
-    return _C.plan_for_budget(list(blocks), int(budget_bytes), release)
+    return _C.plan_for_budget(list(blocks), int(memory_budget), release)
 
 
 def least_plan_bytes(blocks: Sequence[BlockCost], release: Release = Release.AT_STEP_END) -> int:
@@ -87,24 +88,12 @@ def plan_bytes(blocks: Sequence[BlockCost], checkpointed: Sequence[bool], prefir
     return _C.plan_bytes(list(blocks), list(checkpointed), prefire_ahead, release, list(selective))
 
 
-def _tensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
-    return [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-
-
-def _timed(run: Callable[[], Any], synchronize: bool) -> Tuple[Any, float]:
-    """``run()`` and its seconds (a block's forward, standing for one
-    recomputation); ``synchronize``: on CUDA, the device's time too."""
-    if synchronize:
-        torch.cuda.synchronize()
-    begin = time.perf_counter()
-    out = run()
-    if synchronize:
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - begin
-
-
-def _signature(tensors: List[torch.Tensor]) -> Tuple[Any, ...]:
-    return tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
+def describe_plan(blocks: Sequence[BlockCost], choices: Sequence[Choice], memory_budget: int, prefire_ahead: int = 0,
+                  release: Release = Release.AT_STEP_END) -> Plan:
+    """The plan ``choices`` (one :class:`Choice` per block) as
+    :func:`plan_for_budget` counts its own: peak, moments, each block's pass
+    and the room ``memory_budget`` leaves beside the blocks."""
+    return _C.describe_plan(list(blocks), list(choices), int(memory_budget), prefire_ahead, release)
 
 
 class _Measuring:
@@ -122,9 +111,7 @@ class MemoryPlanner:
 
     def __init__(self, blocks: int, memory_budget: int, checkpoint_kwargs: Dict[str, Any],
                  selective: Policy = None) -> None:
-        if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 0:
-            raise ValueError(f"prefire.plan_checkpoints: memory_budget must be a number of bytes >= 0, "
-                             f"got {memory_budget!r}")
+        check_memory_budget("prefire.plan_checkpoints", memory_budget)
         self.memory_budget = memory_budget
         self.blocks = blocks
         self._checkpoint_kwargs = checkpoint_kwargs
@@ -172,9 +159,9 @@ class MemoryPlanner:
                                "planning)")
         if not torch.is_grad_enabled():
             return module(*args, **kwargs)  # nothing is saved: nothing to plan
-        tensors = _tensors(args, kwargs)
+        inputs = tensors(args, kwargs)
         if index == 0:
-            self._begin_step(tensors)
+            self._begin_step(inputs)
         if self._measuring is None:
             if self._step is None:
                 raise RuntimeError(f"prefire.plan_checkpoints: block {index} ran before block 0 of its step; the "
@@ -184,34 +171,34 @@ class MemoryPlanner:
             if self._step.checkpointed[index]:
                 return checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs)
             return module(*args, **kwargs)
-        return self._measure(index, module, tensors, args, kwargs)
+        return self._measure(index, module, inputs, args, kwargs)
 
-    def _begin_step(self, tensors: List[torch.Tensor]) -> None:
-        self._signature = _signature(tensors)
+    def _begin_step(self, inputs: List[torch.Tensor]) -> None:
+        self._signature = signature(inputs)
         self._step = self._plans.get(self._signature)
         self._measuring = None
         if self._step is None:
             self._measuring = _Measuring(self.blocks)
-            self._measuring.synchronize = any(t.is_cuda for t in tensors)
+            self._measuring.synchronize = any(t.is_cuda for t in inputs)
             self.measuring_steps += 1
 
-    def _measure(self, index: int, module: torch.nn.Module, tensors: List[torch.Tensor], args: Tuple[Any, ...],
+    def _measure(self, index: int, module: torch.nn.Module, inputs: List[torch.Tensor], args: Tuple[Any, ...],
                  kwargs: Dict[str, Any]) -> Any:
         measuring = self._measuring
         assert measuring is not None
         if _schedule._collecting():
             raise RuntimeError("prefire.plan_checkpoints: a planned block measured inside prefire.collect(); plan "
                                "outside it (a pipeline plans with enable(schedule, memory_budget=...))")
-        with _schedule.collect() as handles, probing(self._selective) as probe:
-            out, seconds = _timed(lambda: checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs),
-                                  measuring.synchronize)
+        with _schedule.collect() as handles:
+            out, measured = measure(lambda: checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs), inputs,
+                                    self._selective, self._mode_costs, measuring.synchronize)
         if len(handles) != 1:
             raise RuntimeError(f"prefire.plan_checkpoints: block {index} made {len(handles)} outermost checkpoints "
                                f"where its checkpoint should be the one (is it inside another checkpoint?)")
-        inputs = checkpoint_bytes(tensors)
-        selective_bytes, selective_seconds, seconds = selective_cost(probe, self._mode_costs, inputs, seconds)
-        measuring.costs[index] = BlockCost(_C.kept_bytes(handles[0]), inputs, seconds,
-                                           selective_bytes=selective_bytes, selective_seconds=selective_seconds)
+        measuring.costs[index] = BlockCost(saved_bytes=_C.kept_bytes(handles[0]), input_bytes=measured.input_bytes,
+                                           recompute_seconds=measured.seconds,
+                                           selective_bytes=measured.selective_bytes,
+                                           selective_seconds=measured.selective_seconds)
         if index == self.blocks - 1:
             self._choose(measuring)
         return out

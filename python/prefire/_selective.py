@@ -5,7 +5,7 @@ checkpoint.
 
 Note [Measuring a selective checkpoint]
 A plan with a third choice per block (Note [Selective checkpoints in a
-plan] in src/memory/plan.cpp) needs, for each block, what its selective
+plan] in src/plan/plan_bytes.cpp) needs, for each block, what its selective
 checkpoint would hold and how long its recomputation would take, from the
 measuring step, which checkpoints every block whole (the least a plan
 holds; running them selectively there would hold their caches and could

@@ -125,7 +125,8 @@ from ._bubbles import BubbleFiller
 from ._budget import RankBudget
 from ._checkpoint import planned_calls
 from ._order import rank_actions
-from ._pipeline_plan import RankPlan, RankPlanner, check_memory_budget, describe
+from ._measuring import check_memory_budget
+from ._pipeline_plan import RankPlan, RankPlanner, describe
 from ._selective import policy
 from ._schedule import collect, session
 
@@ -526,7 +527,7 @@ class Pipelining:
             raise ValueError("prefire.pipelining: selective= is a choice of memory_budget's plan; pass "
                              "memory_budget=N with it")
         if memory_budget is not None:
-            check_memory_budget(memory_budget)
+            check_memory_budget("prefire.pipelining", memory_budget)
             if budget_bytes is not None:
                 raise ValueError("prefire.pipelining: memory_budget and budget_bytes exclude each other; "
                                  "memory_budget sets the sessions' byte budget itself (what its plan leaves)")

@@ -624,7 +624,11 @@ def test_under_a_memory_plan_the_sessions_hold_what_the_blocks_leave_at_each_act
         pending = {(0, m): _MicroBatch(m, ["h"]) for m in range(3)}
         b = RankBudget(None, lambda: pending, lambda: actions, holds=lambda mb: held.get((0, mb.session), 0))
         b.closed(0, 10)
-        b.set(n, blocks_at=blocks_at)
+        # the planner's room beside blocks that hold blocks_at after each action (one kept block, a byte a moment)
+        room = None if blocks_at is None else list(prefire.describe_plan(
+            [prefire.BlockCost(saved_bytes=1, input_bytes=0, recompute_seconds=0.0, in_flight=max(blocks_at),
+                               alive=blocks_at)], [prefire.Choice.KEEP], n).room_bytes)
+        b.set(n, room=room)
         return b
 
     # the blocks hold the most after F1, between B0 and W0: what B0 keeps must fit there too

@@ -9,6 +9,7 @@ Not covered here: the C++ planner's choices (tests/plan_test.cpp: the
 budget against an exhaustive search on random costs), pipelines."""
 
 import copy
+import json
 import random
 import warnings
 
@@ -286,7 +287,9 @@ def test_the_planner_core_from_python():
     blocks = [prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0),
               prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=3.0)]
     pipeline = prefire.Release.AT_STEP_END  # the default, as in C++
-    assert prefire.least_plan_bytes(blocks, ONE_PASS) == prefire.least_plan_bytes(blocks) == 120
+    # in one backward pass the least is block 0 checkpointed and block 1 kept: block 0 recomputes (10 + 100)
+    # before block 1 is there, and then block 1 holds 10 + 100; a pipeline's least checkpoints both
+    assert prefire.least_plan_bytes(blocks, ONE_PASS) == 110 and prefire.least_plan_bytes(blocks) == 120
     plan = prefire.plan_for_budget(blocks, 200, ONE_PASS)
     assert list(plan.checkpointed) == [False, False] and plan.peak_bytes == 200 and plan.recompute_seconds == 0
     # in one backward pass, block 1's backward has let go before block 0 recomputes: 10 + 100 at most
@@ -296,7 +299,52 @@ def test_the_planner_core_from_python():
     plan = prefire.plan_for_budget(blocks, 199)
     assert list(plan.checkpointed) == [True, True] and plan.recompute_seconds == 4.0
     assert plan.prefire_ahead == 0 and plan.peak_bytes == 120 == prefire.plan_bytes(blocks, [True, True], 0, pipeline)
+    with pytest.raises(ValueError, match="below the least any plan holds: 110 bytes"):
+        prefire.plan_for_budget(blocks, 109, ONE_PASS)
     with pytest.raises(ValueError, match="below the least any plan holds: 120 bytes"):
-        prefire.plan_for_budget(blocks, 119, ONE_PASS)
+        prefire.plan_for_budget(blocks, 119)
     with pytest.raises(ValueError, match="in_flight=2"):
-        prefire.plan_for_budget([prefire.BlockCost(100, 10, 1.0, in_flight=2)], 1000, ONE_PASS)
+        prefire.plan_for_budget([prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0, in_flight=2)],
+                                1000, ONE_PASS)
+
+
+def test_costs_and_plans_go_by_field_name():
+    """Note [Costs and plans by name]: keywords only, and dicts that name
+    every field, both ways; a missing or unknown field is an error naming it."""
+    cost = prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0, in_flight=2, group=0,
+                             alive=[1, 2, 0], done=[0, 0, 2], passes=[0, 1, 1], saved_after_bytes=5,
+                             selective_bytes=40, selective_seconds=0.25)
+    with pytest.raises(TypeError):
+        prefire.BlockCost(100, 10, 1.0)  # by position: refused
+    d = cost.to_dict()
+    assert list(d) == list(prefire.BlockCost.FIELDS) and d["alive"] == [1, 2, 0] and d["selective_bytes"] == 40
+    again = prefire.BlockCost.from_dict(json.loads(json.dumps(d)))
+    assert again.to_dict() == d
+    with pytest.raises(ValueError, match="missing field.s. passes"):
+        prefire.BlockCost.from_dict({k: v for k, v in d.items() if k != "passes"})
+    with pytest.raises(ValueError, match="unknown field.s. offload_bytes"):
+        prefire.BlockCost.from_dict(dict(d, offload_bytes=3))
+    plan = prefire.plan_for_budget([cost, cost], 10 ** 6)
+    p = plan.to_dict()
+    assert p["choices"] == ["KEEP", "KEEP"] and list(p) == list(prefire.Plan.FIELDS)
+    assert prefire.Plan.from_dict(json.loads(json.dumps(p))).to_dict() == p
+    # what the planner says of a plan is what describe_plan says of its choices
+    described = prefire.describe_plan([cost, cost], plan.choices, 10 ** 6, plan.prefire_ahead)
+    assert described.to_dict() == p
+
+
+def test_the_planner_says_what_each_pass_holds_and_the_room_it_leaves():
+    """Plan.pass_bytes, blocks_bytes and room_bytes (Note [What a plan
+    holds]): a group's checkpointed blocks recompute together; the room
+    beside the blocks while an action runs is the budget less the more of
+    what they hold before and after it."""
+    def block(group, alive):
+        return prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0, in_flight=2, group=group,
+                                 alive=alive)
+    blocks = [block(0, [1, 2, 1, 0]), block(0, [1, 2, 1, 0]), block(1, [0, 1, 1, 1])]
+    C = prefire.Choice
+    plan = prefire.describe_plan(blocks, [C.CHECKPOINT, C.CHECKPOINT, C.KEEP], 1000)
+    assert list(plan.pass_bytes) == [200, 200, 0]
+    assert list(plan.moment_bytes) == [20, 140, 120, 100] and plan.blocks_bytes == 140
+    assert list(plan.room_bytes) == [980, 860, 860, 880]
+    assert plan.peak_bytes == 140 + 200 == prefire.plan_bytes(blocks, [True, True, False])

@@ -637,13 +637,16 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
 # count), not the replay's fidelity (``validate`` does that).
 
 
-KEEP, FULL, SELECTIVE = 0, 1, 2  # a block's choice in a plan
+KEEP, CHECKPOINT, SELECTIVE = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE
 
 
 def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[List[int]]]:
     """A plan run's rank: its blocks' costs and prefire's choice, per
-    micro-batch (KEEP, FULL or SELECTIVE per block, in the plan's order)."""
-    costs = [_C.BlockCost(*fields) for fields in rank["plan_costs"]]
+    micro-batch (a Choice per block, in the plan's order)."""
+    if any(not isinstance(fields, dict) for fields in rank["plan_costs"]):
+        raise ValueError("prefire.pipeline_bench.simulate: this sweep's plan_costs are lists of values by position, "
+                         "as an older prefire wrote them; run the sweep again (costs are written by field name)")
+    costs = [_C.BlockCost.from_dict(fields) for fields in rank["plan_costs"]]
     stages = sorted(rank["plan"], key=int)
 
     def per_micro_batch(plan: Dict[str, Any], stage: str) -> List[List[bool]]:
@@ -655,14 +658,13 @@ def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[List[int]]]:
     checkpointed = {stage: per_micro_batch(rank["plan"], stage) for stage in stages}
     selective = {stage: per_micro_batch(rank.get("plan_selective") or {}, stage) for stage in stages}
     micro_batches = len(checkpointed[stages[0]])
-    chosen = [[SELECTIVE if sel else FULL if c else KEEP for stage in stages
+    chosen = [[SELECTIVE if sel else CHECKPOINT if c else KEEP for stage in stages
                for c, sel in zip(checkpointed[stage][m], selective[stage][m])] for m in range(micro_batches)]
     return costs, chosen
 
 
-def _plan_bytes(blocks: Sequence[Any], options: Sequence[int]) -> int:
-    return _C.plan_bytes(list(blocks), [o != KEEP for o in options], 0, _C.Release.AT_STEP_END,
-                         [o == SELECTIVE for o in options])
+def _plan_bytes(blocks: Sequence[Any], choices: Sequence[Any]) -> int:
+    return _C.describe_plan(list(blocks), list(choices), 0, 0, _C.Release.AT_STEP_END).peak_bytes
 
 
 def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[int]]) -> Costs:
@@ -678,7 +680,7 @@ def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[i
     for mb, per_block in enumerate(options):
         chosen: Dict[int, float] = {}
         for cost, o in zip(blocks, per_block):
-            chosen[cost.group] = chosen.get(cost.group, 0.0) + (0.0, cost.recompute_seconds, cost.selective_seconds)[o]
+            chosen[cost.group] = chosen.get(cost.group, 0.0) + _C.choice_seconds(cost, o)
         for (kind, stage), base in none.items():
             share = chosen.get(stage, 0.0) / total[stage] if total.get(stage) else 0.0
             instance[(kind, stage, mb)] = base + share * max(0.0, session.get((kind, stage), base) - base)
@@ -709,7 +711,7 @@ def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
         budgets = [r["memory_budget"] for r in mode["ranks"]]
         fitting = []
         for (blocks, _), budget in zip(plans, budgets):
-            choices = itertools.product(*[(KEEP, FULL, SELECTIVE) if b.selective_bytes >= 0 else (KEEP, FULL)
+            choices = itertools.product(*[(KEEP, CHECKPOINT, SELECTIVE) if b.selective_bytes >= 0 else (KEEP, CHECKPOINT)
                                           for b in blocks])
             fitting.append([list(c) for c in choices if _plan_bytes(blocks, c) <= budget])
         blocks = [b for rank_blocks, _ in plans for b in rank_blocks]
@@ -755,7 +757,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for summary in summaries:
             for row in search(summary):
                 def letters(plan):  # per micro-batch, split by / where they differ
-                    per_micro_batch = ["".join("kcs"[o] for o in options) for options in plan]
+                    per_micro_batch = ["".join("kcs"[int(o)] for o in options) for options in plan]
                     return per_micro_batch[0] if len(set(per_micro_batch)) == 1 else "/".join(per_micro_batch)
                 print(f"{summary['config']['schedule']:14} {row['name']:9} {row['plans_tried']:5d} "
                       f"{row['best_s'] * 1e3:8.1f} {row['chosen_s'] * 1e3:10.1f} {row['chosen_over_best']:12.3f} "

@@ -267,10 +267,8 @@ class ModeRun:
                                if self.sessions is not None and self.sessions.plan is not None else None),
             "measuring_held_bytes": self.steps[0]["peak_held_bytes"],
             # what the plan was chosen from, in the plan's order (the simulator's search)
-            "plan_costs": ([[c.saved_bytes, c.input_bytes, c.recompute_seconds, c.in_flight, c.group, list(c.alive),
-                             list(c.done), c.saved_after_bytes, c.input_after_bytes, c.selective_bytes,
-                             c.selective_seconds, c.selective_after_bytes, list(c.passes)]
-                            for c in self.sessions.plan.costs]
+            # by field name (Note [Costs and plans by name] in python/src/module.cpp)
+            "plan_costs": ([c.to_dict() for c in self.sessions.plan.costs]
                            if self.sessions is not None and self.sessions.plan is not None else None),
             # one pass's recomputation: the least a budget can hold a rank to
             "floor_bytes": self.sessions.budget.pass_bytes if self.sessions is not None else None,
