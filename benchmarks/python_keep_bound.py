@@ -15,7 +15,7 @@ import argparse
 
 from prefire import _C
 from prefire._pipeline_plan import lifetime
-from prefire.pipeline_bench.simulate import rank_orders
+from prefire.pipeline_bench.replay import rank_orders
 
 MiB = 1 << 20
 

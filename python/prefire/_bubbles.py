@@ -51,7 +51,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _C
-from ._order import rank_actions
+from ._hook_points import rank_actions
 
 _ENDED_AT_ONCE_S = 1e-4
 

@@ -30,7 +30,7 @@ holds its stage's need while it runs if it recomputes.
     keeps the rank within N from now until that micro-batch's B, every B
     before it keeping its recomputation for W (what its stage's sessions
     kept after B once they keep only what W reads: ``kept``, Note [What a
-    session keeps for W] in ``pipelining.py``; the session's budget is set
+    session keeps for W] in ``_stage_sessions.py``; the session's budget is set
     to that right before; the runtime refuses a prefire over it and the
     rest stays B's). "Now" is the rank's place in its actions, counted by
     the stage wrappers (``ran``).
@@ -64,7 +64,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import _C
-from ._order import Action
+from ._hook_points import Action
 
 StageMicroBatch = Tuple[int, int]  # (stage index, micro-batch)
 

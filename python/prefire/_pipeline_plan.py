@@ -36,7 +36,7 @@ per micro-batch of its stage at every moment. A block's meter says what
 it holds after each W. A schedule may keep the last stage's graphs until the next
 step begins (torch's keeps its outputs and losses: ``enable`` lets go of
 their graphs after W, Note [The last stage lets go of its graph after W]
-in pipelining.py; another schedule may keep them otherwise); so until a
+in _hook_points.py; another schedule may keep them otherwise); so until a
 last-stage block was seen kept (or checkpointed), it is taken to hold the
 largest share its stage's other blocks were seen to hold (blocks of a
 stage are alike), or all of it when none was; other stages' blocks
@@ -91,7 +91,7 @@ from . import _C
 from ._budget import RankBudget
 from ._meter import SavedTensorMeter
 from ._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors
-from ._order import Action
+from ._hook_points import Action
 from ._selective import context_fn, mode_costs
 
 KEEP, CHECKPOINT, SELECTIVE = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE
@@ -205,7 +205,7 @@ class RankPlanner:
         self._open: Dict[Tuple[int, int], _StageForward] = {}  # (stage, micro-batch) -> its forward, until its W
         self._learnt = False                       # a block's bytes after W seen for the first time: plan again
         # the schedule keeps no graph of the last stage past its W (Note [The last stage lets go of its
-        # graph after W] in pipelining.py): its blocks are taken to hold nothing after W until seen
+        # graph after W] in _hook_points.py): its blocks are taken to hold nothing after W until seen
         self.last_stage_lets_go = False
 
     @property

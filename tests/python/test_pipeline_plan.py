@@ -347,7 +347,7 @@ def test_a_forward_that_changes_its_checkpoint_calls_is_refused(one_rank):
 def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(no_children_left):
     from prefire.pipeline_bench import run
     from prefire.pipeline_bench.config import RunConfig
-    from prefire.pipeline_bench.simulate import search
+    from prefire.pipeline_bench.plan_search import search
     from prefire.pipeline_bench.sweep import TORCH, rows, table
 
     cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=TORCH + ("session", "plan", "plan-selective"),
@@ -439,7 +439,7 @@ def test_the_last_stage_is_counted_by_what_its_blocks_hold_after_w_once_seen(one
     # of them: Note [The last stage lets go of its graph after W]): keeping everything holds what none holds;
     # the first plan counts the last stage's micro-batches to the step's end, whole, and cannot keep
     # everything within a hair above it
-    monkeypatch.setattr(pipelining.Pipelining, "_let_go_of_graph", lambda self, stage, micro_batch: None)
+    monkeypatch.setattr(pipelining, "let_go_of_graph", lambda stage, schedule, micro_batch: False)
     run = Run(*planned_gpt(None)[:3], memory_budget=1 << 40)
     for _ in range(3):
         _, everything = run.step()
@@ -465,7 +465,7 @@ def test_the_last_stage_lets_go_of_its_graphs_after_w_and_the_plan_counts_nothin
     for let_go in (False, True):
         with monkeypatch.context() as patch:
             if not let_go:
-                patch.setattr(pipelining.Pipelining, "_let_go_of_graph", lambda self, stage, micro_batch: None)
+                patch.setattr(pipelining, "let_go_of_graph", lambda stage, schedule, micro_batch: False)
             run = Run(*planned_gpt(None)[:3], memory_budget=1 << 40)  # every block kept once planned
             for _ in range(3):
                 grads, held[let_go] = run.step()

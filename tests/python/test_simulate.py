@@ -7,8 +7,9 @@ import pytest
 from prefire.pipeline_bench import run
 from prefire.pipeline_bench.config import SCHEDULES, RunConfig
 from prefire.pipeline_bench.model import ModelConfig
-from prefire.pipeline_bench.simulate import (Costs, _placement, measured_slack, overlaps, predict, rank_orders, replay,
-                                      scaled_steps, step_costs, validate)
+from prefire.pipeline_bench.measured import _placement, measured_slack, step_costs, validate
+from prefire.pipeline_bench.predict import predict, scaled_steps
+from prefire.pipeline_bench.replay import Costs, overlaps, rank_orders, replay
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

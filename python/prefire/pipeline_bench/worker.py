@@ -28,6 +28,7 @@ from torch.distributed import pipelining as pp
 
 import prefire
 from prefire import pipelining
+from prefire._hook_points import is_full_backward
 
 from .config import PLAN_MODES, SCHEDULES, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
@@ -110,7 +111,7 @@ class Recorder:
             setattr(stage, name, run)
 
         timed("forward_one_chunk", lambda a, k: "F")
-        timed("backward_one_chunk", lambda a, k: "BW" if pipelining.is_full_backward(a, k) else "B")
+        timed("backward_one_chunk", lambda a, k: "BW" if is_full_backward(a, k) else "B")
         timed("backward_weight_one_chunk", lambda a, k: "W")
 
     def on_wait(self, kind: str, stage_index: int, micro_batch: int, begin: float, end: float) -> None:

@@ -1,0 +1,245 @@
+"""The sessions of one pipeline stage: the wrappers of its methods that
+open a session per micro-batch at its forward, bind it to B and W, and clear
+it after the last pass (used by :mod:`prefire.pipelining`).
+
+Session ids are taken from a process-wide counter starting at 2**62, so they
+do not meet ids a program chooses for its own sessions.
+
+Note [What a session keeps for W]
+torch's B keeps the stage's whole graph for W (``retain_graph=True``), so a
+session would hold all B recomputed until W, though W reads only what the
+weight gradients need (Note [A session keeps what the next pass reads] in
+src/session/keep_only.cpp: about half of it on the default GPT block). So each
+stage learns, from its W's (``_C.pass_reads`` after W, the union over every
+W of a forward that saves the same tensors), what a W reads, and after each
+later B its session keeps only that (``_C.keep_only``). The first W of a
+stage (or of a forward that saves otherwise) finds its session whole. What
+a trimmed session keeps is what the rank's budget counts for it from then
+on (``RankBudget.kept``). A W that reads a dropped tensor after all
+recomputes that checkpoint for itself: the same gradients, counted in
+``PipelineStats.trim_misses``, said once in a warning, and kept from then on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+import torch
+
+from . import _C, _fsdp
+from ._checkpoint import planned_calls
+from ._hook_points import STAGE_METHODS, is_full_backward
+from ._schedule import collect, session
+
+if TYPE_CHECKING:
+    from .pipelining import Pipelining
+
+_session_ids = itertools.count(1 << 62)
+
+
+@dataclass
+class _MicroBatch:
+    session: int
+    handles: List[Any] = field(default_factory=list)
+    prefired: int = 0   # handles prefired so far, from the last one back
+    # None, or whether its prefires issue no collective now (an FSDP2 stage: all gathered)
+    ready: Optional[Callable[[], bool]] = None
+    w_recomputes: bool = False  # B let go of its recomputation for the budget: W recomputes into this session
+    kept_for_w: bool = False    # B ran and kept its recomputation for W
+
+
+def _holds_fsdp(module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+class _StageSessions:
+    """The sessions of one stage: micro-batch -> session, and the stage
+    methods that open, bind and clear them (Note [Where prefire hooks into a
+    pipeline schedule])."""
+
+    def __init__(self, owner: "Pipelining", stage) -> None:
+        self.owner = owner
+        self.stage = stage
+        self.pending: Dict[int, _MicroBatch] = {}
+        self.forwards = 0            # forwards through the wrapper since the last step began
+        self.checkpoints = 0         # prefire checkpoints its forwards made, ever
+        self.fsdp = _holds_fsdp(stage.submod)
+        # What a W of this stage read of its session (_C.pass_reads): what
+        # later sessions keep after B (Note [What a session keeps for W]).
+        self.w_reads: Optional[List[List[bool]]] = None
+        self.warned_miss = False
+        if getattr(stage, "_prefire_sessions", None) is not None:
+            raise RuntimeError(f"prefire.pipelining.enable: stage {stage.stage_index} already has prefire sessions "
+                               "(enable was called twice for its schedule)")
+        # The stage's own attributes under these names (a wrapper someone put
+        # there before), given back by restore().
+        self.shadowed = {name: vars(stage)[name] for name in STAGE_METHODS if name in vars(stage)}
+        original = {name: getattr(stage, name) for name in STAGE_METHODS}
+
+        def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
+            self.forwards += 1
+            owner._check_steps_start(self)
+            owner.budget.ran(("F", stage.stage_index, fwd_chunk_id))
+            if not getattr(stage, "has_backward", True):  # schedule.eval(): no backward, nothing to recompute
+                return original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
+            planner = owner.planner
+            if planner is None:
+                with collect() as handles:
+                    out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
+            else:  # Note [A pipeline rank's memory plan]
+                planned = planner.forward(stage.stage_index, fwd_chunk_id)
+                with collect() as handles, planned_calls(planned.run):
+                    out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
+                planner.forward_done(planned, fwd_chunk_id, handles)
+            self.checkpoints += len(handles)
+            self.open(fwd_chunk_id, handles)
+            return out
+
+        def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
+            full = is_full_backward(args, kwargs)
+            owner.budget.ran(("BW" if full else "B", stage.stage_index, bwd_chunk_id))
+            if owner.bubbles is not None:
+                owner.bubbles.backward_started(stage.stage_index, bwd_chunk_id)
+            # B keeps what it recomputed for W; a full backward is the last pass.
+            self.run_pass(bwd_chunk_id, not full, lambda: original["backward_one_chunk"](bwd_chunk_id, *args, **kwargs))
+            if not full:
+                self.after_b(bwd_chunk_id)
+            owner._action_done(stage.stage_index, bwd_chunk_id, released=full)
+
+        def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
+            owner.budget.ran(("W", stage.stage_index, bwd_chunk_id))
+            self.run_pass(bwd_chunk_id, False,
+                          lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs), weight=True)
+            owner._action_done(stage.stage_index, bwd_chunk_id, released=True)
+
+        def clear_runtime_states():
+            self.clear_all()
+            if stage is owner.first_stage:  # once per step
+                owner._step_begins(training=getattr(stage, "has_backward", True))
+            original["clear_runtime_states"]()
+
+        self.wrappers = {"forward_one_chunk": forward_one_chunk, "backward_one_chunk": backward_one_chunk,
+                         "backward_weight_one_chunk": backward_weight_one_chunk,
+                         "clear_runtime_states": clear_runtime_states}
+        for name, fn in self.wrappers.items():
+            setattr(stage, name, fn)
+        stage._prefire_sessions = self
+
+    def open(self, micro_batch: int, handles) -> None:
+        if micro_batch in self.pending:  # a forward run again without its backward: the old graph is gone
+            self.close(micro_batch, discard=True)
+        if not handles:
+            return
+        self.pending[micro_batch] = self._new_session(handles)
+        self.owner._stats.sessions += 1
+
+    def _new_session(self, handles) -> _MicroBatch:
+        ready = (lambda: _fsdp.all_gathered(self.stage.submod)) if self.fsdp else None
+        mb = _MicroBatch(next(_session_ids), list(handles), ready=ready)
+        for handle in mb.handles:
+            _C.attach(handle, mb.session)
+        return mb
+
+    def after_b(self, micro_batch: int) -> None:
+        """Lets go of what B recomputed when keeping it for W would break
+        the rank's budget; W then recomputes into a session of its own
+        (Note [A rank's byte budget])."""
+        mb = self.pending.get(micro_batch)
+        if mb is None:
+            return
+        if self.w_reads is not None and _C.keep_only(mb.session, self.w_reads):
+            self.owner._stats.trimmed_after_b += 1
+            self.owner.budget.kept(self.stage.stage_index, _C.session_stats(mb.session).current_bytes)
+        keep, let_go = self.owner.budget.after_b((self.stage.stage_index, micro_batch))
+        for stage_index, other in let_go:
+            self.owner._stages[stage_index].let_go_of_prefires(other)
+        if keep:
+            mb.kept_for_w = True
+            return
+        self.close(micro_batch)
+        w = self.pending[micro_batch] = self._new_session(mb.handles)
+        w.w_recomputes = True
+        w.prefired = len(w.handles)  # no bubble prefire for W: it recomputes lazily
+        self.owner._stats.released_after_b += 1
+
+    def let_go_of_prefires(self, micro_batch: int) -> None:
+        """Lets go of what bubble prefires recomputed for ``micro_batch``
+        (before its B): its checkpoints join a fresh session, which B
+        recomputes into and bubbles may prefire into again."""
+        mb = self.pending[micro_batch]
+        self.close(micro_batch, discard=True)  # on purpose: counted in prefires_let_go, not as wasted
+        self.pending[micro_batch] = self._new_session(mb.handles)
+        self.owner._stats.prefires_let_go += 1
+
+    def run_pass(self, micro_batch: int, retain: bool, run: Callable[[], Any], weight: bool = False) -> None:
+        mb = self.pending.get(micro_batch)
+        if mb is None:  # nothing checkpointed in this micro-batch
+            run()
+            return
+        try:
+            with session(mb.session, retain_on_unpack=retain):
+                run()
+        except BaseException:
+            self.close(micro_batch, discard=True)  # the error is what the caller hears of
+            raise
+        if weight:
+            self.learn_w_reads(mb)
+        if not retain:
+            self.close(micro_batch)
+
+    def learn_w_reads(self, mb: _MicroBatch) -> None:
+        """What this W read of its session, added to what earlier Ws read
+        (Note [What a session keeps for W])."""
+        reads = _C.pass_reads(mb.session)
+        misses = _C.session_stats(mb.session).trim_misses
+        if misses:
+            self.owner._stats.trim_misses += misses
+            if not self.warned_miss:
+                self.warned_miss = True
+                warnings.warn(
+                    f"prefire.pipelining: a W of stage {self.stage.stage_index} read {misses} saved tensor(s) that an "
+                    "earlier W of the same forward did not; they were recomputed for this W alone (the gradients are "
+                    "the same) and later sessions keep them", UserWarning, stacklevel=3)
+        known = self.w_reads
+        if known is not None and [len(r) for r in known] == [len(r) for r in reads]:
+            self.w_reads = [[a or b for a, b in zip(old, new)] for old, new in zip(known, reads)]
+        else:  # the first W, or a forward that saves otherwise (new shapes): learnt afresh
+            self.w_reads = reads
+
+    def close(self, micro_batch: int, discard: bool = False) -> None:
+        """Ends the micro-batch's session; ``discard``: what it prefired may
+        go unused on purpose (``discard_session``), else an unused prefire
+        warns (Note [A session shares what is registered to it])."""
+        mb = self.pending.pop(micro_batch)
+        stats = self.owner._stats
+        info = _C.session_stats(mb.session)
+        stats.max_session_bytes = max(stats.max_session_bytes, info.peak_bytes)
+        (_C.discard_session if discard else _C.clear_session)(mb.session)
+        if info.budget_bytes is not None:  # a bubble prefire's cap belongs to the id: removed with the session
+            _C.set_session_budget(mb.session, None)
+        self.owner.budget.closed(self.stage.stage_index, info.peak_bytes)
+
+    def clear_all(self) -> None:
+        for micro_batch in list(self.pending):  # sessions whose passes will not come (a new step, eval, an error)
+            self.close(micro_batch, discard=True)
+
+    def restore(self) -> None:
+        self.clear_all()
+        own = vars(self.stage)
+        for name, fn in self.wrappers.items():
+            if own.get(name) is not fn:
+                raise RuntimeError(f"prefire.pipelining: stage {self.stage.stage_index}'s {name} was wrapped again "
+                                   "after enable(); remove that wrapper before disable()")
+        for name in self.wrappers:
+            if name in self.shadowed:
+                own[name] = self.shadowed[name]
+            else:
+                del own[name]
+        del own["_prefire_sessions"]

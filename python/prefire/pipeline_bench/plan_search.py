@@ -1,0 +1,125 @@
+"""The simulator's search over per-block plans of a memory sweep
+(``search``; Note [Searching per-block plans])."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Dict, List, Sequence, Tuple
+
+from .. import _C
+from .._hook_points import Action
+from .config import SCHEDULES
+from .replay import Costs, overlaps, rank_orders, replay
+from .measured import _placement, measured_costs
+
+
+# Note [Searching per-block plans]
+# A memory sweep (python -m prefire.pipeline_bench.sweep) runs prefire's plan at
+# several budgets and records what each rank's plan was chosen from (its
+# blocks' costs, Note [A pipeline rank's memory plan]). ``search`` tries
+# every keep/checkpoint choice of every block on every rank (and the
+# selective checkpoint where the plan had one to choose) that fits each
+# rank's budget by the plan's own count (plan_bytes), replays each, and sets
+# the fastest beside prefire's choice replayed the same way (prefire's
+# chooses per micro-batch where the rank's actions are known: Note [A
+# pipeline rank's memory plan]). A stage's action on a micro-batch with
+# some of its blocks checkpointed takes none mode's time for its kind plus
+# session mode's extra (its recomputation) in the share of the stage's
+# recomputation seconds those blocks recompute (a selective one its
+# selective seconds); the rest of the replay is as in
+# Note [What the simulator replays]. Both sides of the ratio are replays:
+# it measures the planner's choice (least recomputation, bytes by its
+# count), not the replay's fidelity (``validate`` does that).
+
+
+KEEP, CHECKPOINT, SELECTIVE = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE
+
+
+def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[List[int]]]:
+    """A plan run's rank: its blocks' costs and prefire's choice, per
+    micro-batch (a Choice per block, in the plan's order)."""
+    if any(not isinstance(fields, dict) for fields in rank["plan_costs"]):
+        raise ValueError("prefire.pipeline_bench.simulate: this sweep's plan_costs are lists of values by position, "
+                         "as an older prefire wrote them; run the sweep again (costs are written by field name)")
+    costs = [_C.BlockCost.from_dict(fields) for fields in rank["plan_costs"]]
+    stages = sorted(rank["plan"], key=int)
+
+    def per_micro_batch(plan: Dict[str, Any], stage: str) -> List[List[bool]]:
+        got = plan.get(stage)
+        if got is None:
+            return [[False] * len(rank["plan"][stage][0])] * len(rank["plan"][stage])
+        return got
+
+    checkpointed = {stage: per_micro_batch(rank["plan"], stage) for stage in stages}
+    selective = {stage: per_micro_batch(rank.get("plan_selective") or {}, stage) for stage in stages}
+    micro_batches = len(checkpointed[stages[0]])
+    chosen = [[SELECTIVE if sel else CHECKPOINT if c else KEEP for stage in stages
+               for c, sel in zip(checkpointed[stage][m], selective[stage][m])] for m in range(micro_batches)]
+    return costs, chosen
+
+
+def _plan_bytes(blocks: Sequence[Any], choices: Sequence[Any]) -> int:
+    return _C.describe_plan(list(blocks), list(choices), 0, 0, _C.Release.AT_STEP_END).peak_bytes
+
+
+def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[int]]) -> Costs:
+    """``costs`` with a mode "plan": per stage and micro-batch (``options``:
+    per micro-batch, a choice per block), none's durations plus session's
+    extra in the share of the stage's recomputation the plan recomputes
+    there."""
+    total: Dict[int, float] = {}
+    for cost in blocks:
+        total[cost.group] = total.get(cost.group, 0.0) + cost.recompute_seconds
+    none, session = costs.action["none"], costs.action["session"]
+    instance: Dict[Action, float] = {}
+    for mb, per_block in enumerate(options):
+        chosen: Dict[int, float] = {}
+        for cost, o in zip(blocks, per_block):
+            chosen[cost.group] = chosen.get(cost.group, 0.0) + _C.choice_seconds(cost, o)
+        for (kind, stage), base in none.items():
+            share = chosen.get(stage, 0.0) / total[stage] if total.get(stage) else 0.0
+            instance[(kind, stage, mb)] = base + share * max(0.0, session.get((kind, stage), base) - base)
+    return Costs(dict(costs.action, plan=dict(none)), costs.checkpoint, costs.checkpoints, costs.latency,
+                 costs.overhead, costs.tail, instance=instance)
+
+
+def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Per plan run of a memory sweep: the fastest replayed per-block plan
+    within every rank's budget, and prefire's plan (per micro-batch)
+    replayed (Note [Searching per-block plans])."""
+    cfg = summary["config"]
+    schedule, world, micro_batches = cfg["schedule"], cfg["world"], cfg["model"]["micro_batches"]
+    costs = measured_costs(summary)
+    orders = rank_orders(schedule, world, micro_batches)
+    groups = overlaps(schedule, world, micro_batches)
+    n_stages = SCHEDULES[schedule][1] * world
+    placement = _placement(schedule, world)
+
+    def step(blocks: Sequence[Any], options: Sequence[Sequence[int]]) -> float:
+        return replay(orders, placement, n_stages, _with_plan(costs, blocks, options), "plan", groups).step_s
+
+    rows = []
+    for name, mode in summary["modes"].items():
+        if name.split(" ")[0] not in ("plan", "plan-selective"):  # plan-bubble's prefires are not replayed here
+            continue
+        plans = [_plan_of(r) for r in mode["ranks"]]
+        budgets = [r["memory_budget"] for r in mode["ranks"]]
+        fitting = []
+        for (blocks, _), budget in zip(plans, budgets):
+            choices = itertools.product(*[(KEEP, CHECKPOINT, SELECTIVE) if b.selective_bytes >= 0 else (KEEP, CHECKPOINT)
+                                          for b in blocks])
+            fitting.append([list(c) for c in choices if _plan_bytes(blocks, c) <= budget])
+        blocks = [b for rank_blocks, _ in plans for b in rank_blocks]
+        best_s, best = float("inf"), None
+        for combo in itertools.product(*fitting):
+            options = [o for rank in combo for o in rank]
+            s = step(blocks, [options] * micro_batches)
+            if s < best_s:
+                best_s, best = s, options
+        chosen = [[o for _, rank_chosen in plans for o in rank_chosen[m]] for m in range(micro_batches)]
+        chosen_s = step(blocks, chosen)
+        rows.append({"name": name, "budgets": budgets, "plans_tried": math.prod(len(f) for f in fitting),
+                     "best_s": best_s, "best": [best] * micro_batches, "chosen_s": chosen_s, "chosen": chosen,
+                     "chosen_over_best": chosen_s / best_s, "measured_s": mode["step_s"]})
+    return rows

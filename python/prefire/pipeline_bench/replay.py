@@ -1,0 +1,299 @@
+"""The replay of the pipeline simulator (``python -m prefire.pipeline_bench.simulate``):
+torch's orders of actions for any number of ranks, and a timeline of them
+with measured durations.
+
+    python -m prefire.pipeline_bench --schedule zbv --modes none,torch,session,bubble --json zbv.json
+    python -m prefire.pipeline_bench.simulate validate zbv.json
+    python -m prefire.pipeline_bench.simulate predict zbv.json --ranks 4,8,16
+    python -m prefire.pipeline_bench.sweep --json sweep.json
+    python -m prefire.pipeline_bench.simulate search sweep.json
+
+Note [What the simulator replays]
+The order is torch's own: each rank's compute actions as the schedule
+class lays them out for any number of ranks (``pipeline_order_with_comms``
+of a schedule built over stand-in stages, which needs no process group;
+Schedule1F1B's own loop for 1F1B, which keeps no order). The durations are
+measured: from a 2-rank run of the program (every measured step's
+timeline), per mode and stage, the median F, B, W and full-backward action
+(with the mode's recomputation inside), the median recomputation of one
+checkpoint (session mode), a rank's own time between two actions where the
+second waited for nothing (Python, the loss, posting sends and receives:
+the median such gap), a message's latency (the median time from a send to
+the start of the action that waited for it, less that own time), and the
+step's ending after its last action. ``validate`` checks the replay
+against the run step by step: each measured step replayed with every
+action as long as that step measured it (the medians above for the rest:
+own time, latency, checkpoints), then the median step and the mean wait
+over the steps. Medians alone hold back what a step's waits are made of:
+a wait is one rank's path less another's, and which actions ran long
+differs from step to step (ZBV without checkpoints on 2 ranks: a replay
+of the medians waited 23 ms where the steps waited 21-97, mean 55, and
+their replays 49).
+Replaying: each rank runs its actions in order; an action starts when the
+rank is free and what it consumes is there (the forward of the stage before
+for F, the backward of the stage after for B or a full backward, plus the
+latency when that ran on another rank, counted from when it was sent: a
+DualPipeV OVERLAP_F_B action sends what its parts produced after its last
+part; its own B for W). The time a rank
+stands before a dependency that is not there yet is a wait: the bubble.
+Modes: none, torch and session replay their own measured durations; bubble
+replays session's, and while a rank waits on another rank it recomputes
+checkpoints of the micro-batches already forwarded whose backward comes
+next on it, in that order, last block first, one checkpoint at a time
+that ends within the receive's slack -- the rules of Note [Filling
+bubbles], with the slack the runtime learned in its warm-up steps, where
+nothing is prefired (``validate``: as the run recorded it for the step;
+``predict``: the wait there in session mode's replay, the exact slack, so
+an upper end for what the rules hide). At the receive of a micro-batch's
+gradient all its checkpoints are prefired first, whether or not the
+gradient is there (rule 1: Gloo's receive work
+reports completion only once waited on, so the runtime does). A
+micro-batch's passes then take less by what was prefired: its B first,
+then its W (a first stage's B computes no input gradient, its W
+recomputes), each down to what it takes without checkpoints.
+``validate`` replays bubble mode twice: by these rules, from the steps of
+session mode of the same index (the program runs the modes' steps in
+turn, so those ran beside them) and the recorded slack; and as it ran
+("bubble as run"): its own steps' durations, each bubble prefire rank
+time before the action it preceded, no rules. The second checks the
+timeline, the first the rules on top of it.
+Predictions (``predict``) keep what a stage is: a stage of the measured
+size costs what the measured first, middle (mean of the others) or last
+stage cost in that position, so a pipeline of more ranks is a model with
+more blocks (weak scaling), and micro-batches are twice the ranks. They
+replay steps too, one per measured step (``scaled_steps``): each action
+as long as the measured one of its kind took in that step, from the
+stage in its position (the middle ones in turn) and the micro-batch of
+its index modulo the measured count. 1F1B's stage holds what two stages
+of the measured interleaved run hold (its cost the sum of the two), so
+its model per rank is the other schedules'. The
+2-rank run cannot show contention that more ranks add (the network, a
+shared memory bus): these are predictions, said so wherever they appear.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .._hook_points import Action, compute_actions
+from .config import SCHEDULES, stage_indices
+
+
+StageMicroBatch = Tuple[int, int]  # (stage, micro-batch)
+KINDS = ("F", "B", "W", "BW")
+REPLAYED = ("none", "torch", "session", "bubble")
+
+
+class _StandInStage:
+    """What a schedule's constructor reads of its stages."""
+
+    def __init__(self, index: int, n_stages: int, world: int, rank: int) -> None:
+        self.stage_index, self.num_stages = index, n_stages
+        self.group_size, self.group_rank = world, rank
+        self.is_first, self.is_last = index == 0, index == n_stages - 1
+        self.submod = torch.nn.Module()
+
+
+def _one_f_one_b(stage: int, n_stages: int, micro_batches: int) -> List[Action]:
+    """Schedule1F1B's loop: as many forwards as stages from this one to the
+    last, then a backward and a forward in turn, then the backwards left."""
+    warmup = min(micro_batches, n_stages - stage)
+    order: List[Action] = [("F", stage, m) for m in range(warmup)]
+    forwards, backwards = warmup, 0
+    while True:
+        order.append(("BW", stage, backwards))
+        backwards += 1
+        if forwards == micro_batches:
+            break
+        order.append(("F", stage, forwards))
+        forwards += 1
+    return order + [("BW", stage, m) for m in range(backwards, micro_batches)]
+
+
+@functools.lru_cache(maxsize=None)
+def _built(schedule: str, world: int, micro_batches: int):
+    cls, per_rank, _ = SCHEDULES[schedule]
+    stages = [_StandInStage(i, per_rank * world, world, 0) for i in stage_indices(schedule, 0, world)]
+    return cls(stages, micro_batches, loss_fn=lambda output, target: output)
+
+
+def rank_orders(schedule: str, world: int, micro_batches: int) -> List[List[Action]]:
+    """Each rank's compute actions in one step, in torch's order."""
+    if schedule == "1f1b":
+        return [_one_f_one_b(rank, world, micro_batches) for rank in range(world)]
+    built = _built(schedule, world, micro_batches)
+    return [compute_actions(built.pipeline_order_with_comms[rank]) for rank in range(world)]
+
+
+def overlaps(schedule: str, world: int, micro_batches: int) -> List[Tuple[Action, ...]]:
+    """The compute actions torch runs as one OVERLAP_F_B action (DualPipeV):
+    it sends what each produced only after the last (``_add_send_recv``)."""
+    if schedule == "1f1b":
+        return []
+    built = _built(schedule, world, micro_batches)
+    return [tuple(compute_actions(action.sub_actions)) for rank in range(world)
+            for action in built.pipeline_order_with_comms[rank] if action is not None and action.sub_actions]
+
+
+@dataclass
+class Costs:
+    """Seconds, as the replay takes them: ``action[mode][(kind, stage)]``
+    (one micro-batch, the mode's recomputation inside),
+    ``checkpoint[stage]`` (one checkpoint's recomputation) and
+    ``checkpoints[stage]`` (how many a micro-batch has there), the latency
+    of a message and the rank's own time per action."""
+
+    action: Dict[str, Dict[Tuple[str, int], float]]
+    checkpoint: Dict[int, float]
+    checkpoints: Dict[int, int]
+    latency: float
+    overhead: float
+    tail: float = 0.0
+    #: one measured step's actions, each as it took there (``step_costs``, ``scaled_steps``); the rest by ``action``
+    instance: Dict[Action, float] = field(default_factory=dict)
+    #: a bubble step as it ran: the rank's bubble prefires before each action (``step_costs``)
+    before: Dict[Action, float] = field(default_factory=dict)
+
+
+def _produced(action: Action) -> Tuple[str, int, int]:
+    """What an action produces: a forward's output, a backward's (B or
+    full) input gradient, or W's weight gradients."""
+    kind, stage, mb = action
+    return ("F" if kind == "F" else "back" if kind in ("B", "BW") else "W", stage, mb)
+
+
+def _consumes(action: Action, n_stages: int) -> Optional[Tuple[str, int, int]]:
+    """What an action consumes (as ``_produced`` names it): the forward of
+    the stage before (F), the backward of the stage after (B or a full
+    backward; the last stage its own forward), its own B (W)."""
+    kind, stage, mb = action
+    if kind == "F":
+        return ("F", stage - 1, mb) if stage > 0 else None
+    if kind in ("B", "BW"):
+        return ("F", stage, mb) if stage == n_stages - 1 else ("back", stage + 1, mb)
+    return ("back", stage, mb)
+
+
+@dataclass
+class Replay:
+    step_s: float
+    wait_s: List[float]               # per rank: standing before a dependency
+    prefire_s: List[float]            # per rank: recomputing in bubbles
+    waited: Dict[Action, float]       # the waits, by the action they stood before
+    events: List[List[Tuple[str, int, int, float, float]]] = field(default_factory=list)
+
+    def bubble_fraction(self) -> float:
+        return sum(self.wait_s) / (len(self.wait_s) * self.step_s)
+
+
+def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
+           mode: str, groups: Sequence[Tuple[Action, ...]] = (),
+           slack: Optional[Dict[Action, float]] = None) -> Replay:
+    """Replays one step (Note [What the simulator replays]); ``groups``:
+    actions whose outputs are sent together after the last of them
+    (``overlaps``); ``slack``: bubble mode's, per receiving action (what
+    the runtime learned, ``measured_slack``); without it, bubble mode first
+    replays session mode and takes its waits."""
+    if mode == "bubble" and slack is None:
+        slack = _replay(orders, stage_rank, n_stages, costs, "session", {}, groups).waited
+    return _replay(orders, stage_rank, n_stages, costs, mode, slack or {}, groups)
+
+
+def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
+            mode: str, slack: Dict[Tuple[str, int, int], float], groups: Sequence[Tuple[Action, ...]]) -> Replay:
+    durations = costs.action["session" if mode == "bubble" else mode]
+    world = len(orders)
+    end: Dict[Tuple[str, int, int], float] = {}   # ("F" or "back", stage, micro-batch) -> when it ended
+    sent: Dict[Tuple[str, int, int], float] = {}  # ... -> when its output left for another rank
+    last_of = {action: group[-1] for group in groups for action in group}
+    members = {group[-1]: group for group in groups}
+    free = [0.0] * world
+    at = [0] * world
+    wait = [0.0] * world
+    prefire = [0.0] * world
+    waited: Dict[Action, float] = {}               # before which action, how long
+    left: Dict[StageMicroBatch, int] = {}                       # bubble: checkpoints not prefired yet
+    events: List[List[Tuple[str, int, int, float, float]]] = [[] for _ in range(world)]
+
+    def prefire_all(rank: int, key: StageMicroBatch, now: float, until: float) -> float:
+        """Prefires ``key``'s checkpoints not prefired yet, one at a time
+        while the next one ends by ``until``; returns when it stopped."""
+        stage, mb = key
+        remaining = left.setdefault(key, costs.checkpoints.get(stage, 0))
+        while remaining and now + costs.checkpoint[stage] <= until:
+            events[rank].append(("recompute-bubble", stage, mb, now, now + costs.checkpoint[stage]))
+            now += costs.checkpoint[stage]
+            prefire[rank] += costs.checkpoint[stage]
+            remaining -= 1
+        left[key] = remaining
+        return now
+
+    def fill(rank: int, now: float, until: float) -> float:
+        """Rule 2 until ``until`` (the receive's slack): the micro-batches
+        already forwarded whose backward comes next on the rank, in order."""
+        for kind, stage, mb in orders[rank][at[rank]:]:
+            if now >= until:
+                break
+            if kind in ("B", "BW") and end.get(("F", stage, mb), until) <= now:
+                now = prefire_all(rank, (stage, mb), now, until)
+        return now
+
+    def shorter(kind: str, stage: int, mb: int) -> float:
+        """What the micro-batch's passes no longer recompute: B first, then
+        W, each down to what it takes without checkpoints (none mode)."""
+        checkpoints = costs.checkpoints.get(stage, 0)
+        prefired = (checkpoints - left.get((stage, mb), checkpoints)) * costs.checkpoint.get(stage, 0.0)
+
+        def recomputes(pass_kind: str) -> float:  # the pass's recomputation: it less the pass without checkpoints
+            took = costs.instance.get((pass_kind, stage, mb), durations[(pass_kind, stage)])
+            return max(0.0, took - costs.action["none"].get((pass_kind, stage), 0.0))
+
+        inside_b = recomputes("B" if ("B", stage) in durations else "BW")
+        if kind in ("B", "BW"):
+            return min(prefired, inside_b)
+        return min(max(0.0, prefired - inside_b), recomputes("W"))
+
+    todo = sum(len(o) for o in orders)
+    while todo:
+        ran = 0
+        for rank in range(world):
+            while at[rank] < len(orders[rank]):
+                kind, stage, mb = orders[rank][at[rank]]
+                action = (kind, stage, mb)
+                dep = _consumes(action, n_stages)
+                received = dep is not None and stage_rank(dep[1]) != stage_rank(stage)
+                if dep is not None and dep not in (sent if received else end):
+                    break  # another rank has not produced it yet
+                ready = 0.0 if dep is None else (sent[dep] + costs.latency) if received else end[dep]
+                start = free[rank] + costs.before.get(action, 0.0)
+                if mode == "bubble" and received:  # Note [Filling bubbles]
+                    began = start
+                    if kind in ("B", "BW"):  # rule 1, whether or not the gradient is there
+                        start = prefire_all(rank, (stage, mb), start, float("inf"))
+                    start = fill(rank, start, began + slack.get((kind, stage, mb), 0.0))  # rule 2
+                if ready > start:
+                    wait[rank] += ready - start
+                    waited[(kind, stage, mb)] = ready - start
+                    events[rank].append(("wait", stage, mb, start, ready))
+                    start = ready
+                took = costs.instance.get(action, durations[(kind, stage)]) + costs.overhead
+                if mode == "bubble" and kind != "F":
+                    took -= shorter(kind, stage, mb)
+                free[rank] = start + took
+                end[_produced(action)] = free[rank]
+                if action not in last_of:
+                    sent[_produced(action)] = free[rank]
+                elif last_of[action] == action:
+                    sent.update({_produced(a): free[rank] for a in members[action]})
+                events[rank].append((kind, stage, mb, start, free[rank]))
+                at[rank] += 1
+                todo -= 1
+                ran += 1
+        if not ran:
+            stuck = {rank: orders[rank][at[rank]] for rank in range(world) if at[rank] < len(orders[rank])}
+            raise RuntimeError(f"prefire.pipeline_bench.simulate: the schedule's order deadlocks at {stuck}")
+    return Replay(max(free) + costs.tail, wait, prefire, waited, events)
