@@ -77,6 +77,7 @@
 #include <prefire/split_backward.h>
 
 #include "profiling/nvtx.h"
+#include "split_backward/stage_graph.h"
 
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -88,7 +89,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -125,64 +125,6 @@ struct WeightPassState {
 };
 
 namespace {
-
-/// The part of the outputs' graph above the inputs: every node reachable
-/// from the roots without passing through an input's node, and the nodes
-/// feeding each one.
-struct StageGraph {
-  std::vector<Node*> nodes;  // breadth first from the roots
-  std::unordered_map<Node*, NodeRef> refs;
-  std::unordered_map<Node*, std::vector<Node*>> feeders;  // node -> nodes with an edge to it
-
-  StageGraph(const torch::autograd::edge_list& roots, const std::unordered_set<Node*>& stop_at) {
-    std::deque<Node*> queue;
-    auto visit = [&](const NodeRef& ref) {
-      Node* node = ref.get();
-      if (refs.emplace(node, ref).second) {
-        nodes.push_back(node);
-        feeders[node];
-        if (stop_at.count(node) == 0) queue.push_back(node);
-      }
-    };
-    for (const auto& root : roots) {
-      if (root.is_valid()) visit(root.function);
-    }
-    while (!queue.empty()) {
-      Node* node = queue.front();
-      queue.pop_front();
-      for (const auto& edge : node->next_edges()) {
-        if (!edge.is_valid()) continue;
-        visit(edge.function);
-        feeders[edge.function.get()].push_back(node);
-      }
-    }
-  }
-
-  /// The nodes that lead to `from` (those included), walking against the
-  /// edges; nodes of `stop` are reported in `hit` and not walked through.
-  std::unordered_set<Node*> leading_to(const std::vector<Node*>& from, const std::unordered_set<Node*>* stop,
-                                       std::unordered_set<Node*>* hit) const {
-    std::unordered_set<Node*> closure;
-    std::deque<Node*> queue;
-    for (Node* node : from) {
-      if (closure.insert(node).second) queue.push_back(node);
-    }
-    while (!queue.empty()) {
-      Node* node = queue.front();
-      queue.pop_front();
-      for (Node* feeder : feeders.at(node)) {
-        if (closure.count(feeder) != 0) continue;
-        if (stop != nullptr && stop->count(feeder) != 0) {
-          hit->insert(feeder);
-          continue;
-        }
-        closure.insert(feeder);
-        queue.push_back(feeder);
-      }
-    }
-    return closure;
-  }
-};
 
 Edge gradient_edge_of(const at::Tensor& t) { return torch::autograd::impl::gradient_edge(t); }
 
