@@ -25,9 +25,10 @@ def most_kept(order, blocks, micro_batches, kept, inputs, budget):
     units = [(s, m, b) for s in stages for m in range(micro_batches) for b in range(blocks)]
     items = []
     for s, m, _ in units:
-        alive, done, passes = lifetime(order, s, m)
+        life = lifetime(order, s, m)
         items.append(_C.BlockCost(saved_bytes=int(kept * MiB), input_bytes=int(inputs * MiB), recompute_seconds=1.0,
-                                  in_flight=1, group=s * micro_batches + m, alive=alive, done=done, passes=passes))
+                                  in_flight=1, group=s * micro_batches + m, alive=life.alive, done=life.done,
+                                  passes=life.passes))
     best = (0, None, [])
     for mask in range(1 << len(units)):
         keep = [bool(mask >> i & 1) for i in range(len(units))]

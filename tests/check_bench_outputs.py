@@ -84,17 +84,17 @@ def main(bench: str) -> int:
         s = {m["label"]: m for m in json.loads((out / "s.json").read_text())["modes"]}
         assert list(s) == ["none", "graph-task", "every 2", "every 3", "every 4", "plan 10%", "plan 50%", "plan 100%"]
         assert all(m["max_grad_diff"] == 0 for m in s.values()), s
-        assert s["every 2"]["checkpointed"] == [True, False, True, False]
+        assert s["every 2"]["checkpointed"] == [[True, False, True, False]] * 2  # per micro-batch
         assert s["every 2"]["recomputes_per_step"] == 2 * 2 * 2  # micro-batches x checkpointed blocks x passes
         for label in ("plan 10%", "plan 50%", "plan 100%"):
             m = s[label]
             assert m["least_plan_bytes"] <= m["budget_bytes"] and m["plan_bytes"] <= m["budget_bytes"], m
             assert m["peak_held_bytes"] <= m["budget_bytes"], m
-            checkpointed = sum(m["checkpointed"])
-            # each checkpointed block once per micro-batch, again in W where B let go of its recomputation
-            assert m["recomputes_per_step"] == checkpointed * (2 + m["released_after_b_per_step"]), m
+            # each checkpointed block of a micro-batch once, again in W where B let go of its recomputation
+            assert m["recomputes_per_step"] == sum(sum(per_block) * (1 + released) for per_block, released in
+                                                   zip(m["checkpointed"], m["released_per_micro_batch"])), m
         assert s["plan 10%"]["budget_bytes"] == s["plan 10%"]["least_plan_bytes"]  # below the least: the least
-        assert all(s["plan 10%"]["checkpointed"]) and s["plan 10%"]["measuring_held_bytes"] <= s["plan 10%"]["budget_bytes"]
+        assert all(map(all, s["plan 10%"]["checkpointed"])) and s["plan 10%"]["measuring_held_bytes"] <= s["plan 10%"]["budget_bytes"]
         assert s["plan 100%"]["budget_bytes"] == s["none"]["peak_held_bytes"]
 
         bad = subprocess.run([bench, "--order", "sideways"], capture_output=True, text=True, timeout=60)

@@ -6,6 +6,7 @@
 // gradient difference against the unchecked run. See --help.
 
 #include "pipeline.h"
+#include "plan_file.h"
 #include "report.h"
 #include "trace.h"
 
@@ -39,6 +40,7 @@ struct Options {
   std::vector<std::string> modes = {"none", "graph-task", "session", "prefire", "budget"};
   bool session_pool = false;
   std::string json, plot, trace;
+  std::string plan_file;  // --plan: plan these costs and print the plan, nothing else
 };
 
 // Parses the flags (CLI11: --help lists them); exits on --help or a bad flag.
@@ -93,6 +95,10 @@ Options parse(int argc, char** argv) {
   app.add_option("--json", o.json, "write the report as JSON")->group("output");
   app.add_option("--plot", o.plot, "write an SVG chart of peak memory against step time")->group("output");
   app.add_option("--trace", o.trace, "write a Chrome / Perfetto trace of the schedule")->group("output");
+  app.add_option("--plan", o.plan_file,
+                 "plan the costs of this JSON file (memory_budget, blocks by field name, optionally actions and "
+                 "micro_batches) as the plan mode does, print the plan as JSON and exit")
+      ->group("output");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -148,6 +154,10 @@ class Progress {
 int main(int argc, char** argv) {
   try {
     Options o = parse(argc, argv);
+    if (!o.plan_file.empty()) {
+      plan_from_file(o.plan_file, stdout);
+      return 0;
+    }
     prefire::install();
     prefire::count_cpu_allocations();  // before any model: Note [prefire-bench's memory figures]
     at::set_num_threads(o.threads);

@@ -99,19 +99,24 @@ std::string label(const ModeSpec& spec) {
 
 // Note [prefire-bench's memory plan]
 // The plan mode is what enable(schedule, memory_budget=...) does for a
-// Python pipeline (Note [A pipeline rank's memory plan]), on one stage:
+// Python pipeline (Note [A pipeline rank's memory plan] in
+// python/prefire/_pipeline_plan.py), on one stage, by the same C++ rules:
 // the first step (a warm-up step) checkpoints every block, measures per
 // block its kept bytes (prefire::kept_bytes of its checkpoint), its input's
 // bytes and its forward's time, and lets go of every session after its B
-// (W recomputes), holding the least. Then prefire::plan_for_budget chooses
-// (Release::kAtStepEnd, the stage's blocks one group, moments from the
-// order: a micro-batch is held from its forward to its W), and every later
+// (W recomputes), holding the least. Then the planner chooses per block and
+// micro-batch (prefire::per_micro_batch over the stage's order of actions:
+// each micro-batch held from its forward to its W, its passes counted where
+// they run; prefire::plan_for_budget, Release::kAtStepEnd), and every later
 // step runs that plan: kept blocks unchecked, the others prefired before
 // their B as in prefire mode. After each B the session keeps its
-// recomputation for W only if one more pass still fits beside what the
-// census holds now; otherwise it lets go (a fresh session, which W
-// recomputes into). The budget covers the census (runtime_stats()'s held
-// bytes: the stage's saved tensors, checkpoint inputs and recomputations).
+// recomputation for W only if the actions up to that W stay within the
+// room the plan leaves the sessions (Plan::room_bytes), every later
+// micro-batch at its floor (prefire::least_session_room, the count of Note
+// [A rank's byte budget] in python/prefire/_budget.py); otherwise it lets
+// go (a fresh session, which W recomputes into). The budget covers the
+// census (runtime_stats()'s held bytes: the stage's saved tensors,
+// checkpoint inputs and recomputations).
 
 // Note [prefire-bench's memory figures]
 // A mode's memory is what the device's allocator holds (prefire::
@@ -161,16 +166,17 @@ std::vector<bool> blocks_checkpointed(const ModeSpec& spec, int layers) {
   return out;
 }
 
-// The micro-batches the stage holds after each pass of `passes`: from a
-// forward to its W (Note [prefire-bench's memory plan]).
-std::vector<int64_t> moments(const std::vector<std::pair<Pass, int>>& passes) {
-  std::vector<int64_t> alive;
-  int64_t held = 0;
+// The stage's passes as the planner's actions (its only stage: 0).
+std::vector<prefire::RankAction> rank_actions(const std::vector<std::pair<Pass, int>>& passes) {
+  std::vector<prefire::RankAction> actions;
   for (const auto& [pass, mb] : passes) {
-    held += pass == Pass::kForward ? 1 : pass == Pass::kW ? -1 : 0;
-    alive.push_back(held);
+    actions.push_back({.kind = pass == Pass::kForward ? prefire::ActionKind::kForward
+                               : pass == Pass::kB     ? prefire::ActionKind::kB
+                                                      : prefire::ActionKind::kW,
+                       .stage = 0,
+                       .micro_batch = mb});
   }
-  return alive;
+  return actions;
 }
 
 // Runs `work` and, with a trace, records it as one event; returns its host time in ms.
@@ -212,19 +218,45 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
   const int mbs = config.micro_batches;
   const size_t layers = stage.blocks.size();
   const auto passes = schedule(config.order, mbs, config.in_flight);
-  std::vector<bool> checkpointed = blocks_checkpointed(spec, static_cast<int>(layers));
+  const std::vector<prefire::RankAction> actions = rank_actions(passes);
+  // per micro-batch, per block (a plan chooses per micro-batch once measured)
+  std::vector<std::vector<bool>> checkpointed(mbs, blocks_checkpointed(spec, static_cast<int>(layers)));
   // a micro-batch's session, and the one W recomputes into when B let go of it (plan mode)
   auto session = [&](int mb) { return session_base + mb; };
   auto w_session = [&](int mb) { return session_base + 500 + mb; };
   if (mode == Mode::kBudget) {
     for (int mb = 0; mb < mbs; ++mb) prefire::set_session_budget(session(mb), spec.budget_bytes);
   }
-  int64_t pass_bytes = 0;  // plan: what one pass recomputes of a micro-batch (its checkpointed blocks' kept bytes)
-  int64_t released = 0;    // plan: sessions let go after B in the measured steps
+  std::vector<int64_t> pass_bytes(mbs, 0);  // plan: what a pass of each micro-batch holds (Plan::pass_bytes)
+  std::vector<int64_t> room;                // plan: what it leaves the sessions at each action (Plan::room_bytes)
+  std::vector<int64_t> released(mbs, 0);    // plan: sessions let go after B in the measured steps
   int64_t recomputations_measured = 0, refused_measured = 0;
   std::vector<double> forward_per_mb, b_per_mb, w_per_mb;  // ms, per measured step
   const auto opts = at::TensorOptions().device(config.device).dtype(config.model.dtype);
   const auto& m = config.model;
+
+  // plan: whether micro-batch mb's session, after its B at action `at`, may keep its recomputation until its W
+  // (Note [prefire-bench's memory plan])
+  auto fits_until_w = [&](int mb, size_t at, const std::vector<bool>& w_recomputes,
+                          const std::vector<bool>& kept_for_w) {
+    size_t w_at = at;
+    while (w_at < passes.size() && !(passes[w_at].first == Pass::kW && passes[w_at].second == mb)) ++w_at;
+    std::vector<prefire::SessionAction> session_actions;
+    for (const prefire::RankAction& a : actions) {
+      const auto m = static_cast<size_t>(a.micro_batch);
+      session_actions.push_back({.kind = a.kind,
+                                 .key = a.micro_batch,
+                                 .need = pass_bytes[m],
+                                 .w_recomputes = w_recomputes[m],
+                                 .kept_for_w = kept_for_w[m]});
+    }
+    std::vector<int64_t> held(static_cast<size_t>(mbs));
+    for (int m = 0; m < mbs; ++m) {
+      held[static_cast<size_t>(m)] = prefire::session_stats(w_recomputes[m] ? w_session(m) : session(m)).current_bytes;
+    }
+    return prefire::least_session_room(room, session_actions, held, static_cast<int64_t>(at),
+                                       static_cast<int64_t>(at) + 1, static_cast<int64_t>(w_at), false) >= 0;
+  };
 
   reset_peaks(config.device);
   for (int step = 0; step < config.warmup + config.steps; ++step) {
@@ -247,6 +279,7 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
     std::vector<std::vector<prefire::CheckpointHandle>> handles(mbs);
     std::vector<prefire::WeightPass> weight_passes(mbs);
     std::vector<bool> w_recomputes(mbs, false);  // plan: B let go of the micro-batch's recomputation
+    std::vector<bool> kept_for_w(mbs, false);    // plan: B kept it
     const bool measuring = mode == Mode::kPlan && step == 0;  // Note [prefire-bench's memory plan]
     std::vector<double> block_seconds(layers, 0.0);
     std::vector<int64_t> block_inputs(layers, 0), block_kept(layers, 0);
@@ -254,12 +287,13 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
     double forward_ms = 0, b_ms = 0, w_ms = 0;
     {
       prefire::SavedTensorMeter meter;  // counts what forward saves outside checkpoints
-      for (const auto& [pass, mb] : passes) {
+      for (size_t action_index = 0; action_index < passes.size(); ++action_index) {
+        const auto& [pass, mb] = passes[action_index];
         switch (pass) {
           case Pass::kForward:
             forward_ms += phase(trace, "forward", mb, [&, mb = mb] {
               prefire::HandleCollector collect;
-              y[mb] = stage_forward(stage, x[mb], checkpointed, measuring ? &block_seconds : nullptr,
+              y[mb] = stage_forward(stage, x[mb], checkpointed[mb], measuring ? &block_seconds : nullptr,
                                     measuring ? &block_inputs : nullptr);
               handles[mb] = collect.handles();
               if (measuring) {
@@ -287,11 +321,13 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
             });
             y[mb].reset();  // the graph belongs to the weight pass now
             if (mode == Mode::kPlan && !handles[mb].empty() &&
-                (measuring || prefire::runtime_stats().held_bytes + pass_bytes > result.budget_bytes)) {
+                (measuring || !fits_until_w(mb, action_index, w_recomputes, kept_for_w))) {
               prefire::clear_session(session(mb));  // W recomputes into a session of its own
               for (const auto& h : handles[mb]) prefire::attach(h, w_session(mb));
               w_recomputes[mb] = true;
-              if (step >= config.warmup) ++released;
+              if (step >= config.warmup) ++released[mb];
+            } else if (mode == Mode::kPlan) {
+              kept_for_w[mb] = true;
             }
             if (uses_sessions(mode)) {
               const auto stats = prefire::session_stats(session(mb));
@@ -357,30 +393,36 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
     if (measuring) {
       result.measuring_held_bytes = prefire::runtime_stats().peak_held_bytes;
       std::vector<prefire::BlockCost> costs(layers);
-      const std::vector<int64_t> alive = moments(passes);
-      const int64_t in_flight = *std::max_element(alive.begin(), alive.end());
       for (size_t i = 0; i < layers; ++i) {
         costs[i] = prefire::BlockCost{.saved_bytes = block_kept[i],
                                       .input_bytes = block_inputs[i],
                                       .recompute_seconds = block_seconds[i] / mbs,
-                                      .in_flight = in_flight,
-                                      .group = 0,
-                                      .alive = alive};
+                                      .group = 0};
       }
-      result.least_plan_bytes = prefire::least_plan_bytes(costs);
+      // one item per (micro-batch, block), as the Python pipeline plans (Note [prefire-bench's memory plan])
+      const std::vector<prefire::BlockCost> items = prefire::per_micro_batch(costs, actions, mbs);
+      result.least_plan_bytes = prefire::least_plan_bytes(items);
       result.budget_bytes = std::max(spec.budget_bytes, result.least_plan_bytes);  // a sweep's lowest point
-      const prefire::Plan plan = prefire::plan_for_budget(costs, result.budget_bytes);
-      checkpointed = plan.checkpointed;
-      result.plan_bytes = prefire::plan_bytes(costs, checkpointed);
-      pass_bytes = 0;
-      for (size_t i = 0; i < layers; ++i) pass_bytes += checkpointed[i] ? block_kept[i] : 0;
+      const prefire::Plan plan = prefire::plan_for_budget(items, result.budget_bytes);
+      result.plan_bytes = plan.peak_bytes;
+      room = plan.room_bytes;
+      for (int m = 0; m < mbs; ++m) {
+        const size_t first = static_cast<size_t>(m) * layers;
+        checkpointed[m].assign(plan.checkpointed.begin() + first, plan.checkpointed.begin() + first + layers);
+        pass_bytes[m] = *std::max_element(plan.pass_bytes.begin() + first, plan.pass_bytes.begin() + first + layers);
+      }
     }
     // Every step resets the allocator's peaks (CUDA: reserved too): the mode's is the most of its steps'.
     result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, device_peak_reserved_bytes(config.device));
     if (progress) progress(step + 1);
   }
   result.checkpointed = checkpointed;
-  result.released_after_b_per_step = double(released) / config.steps;
+  int64_t released_all = 0;
+  for (int64_t r : released) {
+    released_all += r;
+    result.released_per_micro_batch.push_back(double(r) / config.steps);
+  }
+  result.released_after_b_per_step = double(released_all) / config.steps;
   result.recomputes_per_step = double(recomputations_measured) / config.steps;
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());

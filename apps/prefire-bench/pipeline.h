@@ -82,11 +82,12 @@ struct ModeResult {
   double held_b_to_w_fraction = 0; // largest (held from B to W) / (the session's peak) of one micro-batch
   double forward_ms = 0, b_ms = 0, w_ms = 0;  // per micro-batch: medians over the measured steps
   int64_t peak_reserved_bytes = -1;  // bytes: CUDA allocator peak reserved (CUDA runs only)
-  std::vector<bool> checkpointed;  // per block, in the measured steps
+  std::vector<std::vector<bool>> checkpointed;  // per micro-batch, per block, in the measured steps
   int64_t least_plan_bytes = -1;   // bytes: plan: the least any plan holds (the budget's floor)
   int64_t plan_bytes = -1;         // bytes: plan: what the chosen plan holds by its count
   int64_t measuring_held_bytes = -1;  // bytes: plan: what the measuring step held
   double released_after_b_per_step = 0;  // plan: sessions let go after B for the budget (W recomputed them)
+  std::vector<double> released_per_micro_batch;  // plan: the same, per micro-batch (per measured step)
   double max_grad_diff = 0;      // max |grad - grad(none)| over steps, dx and dw
   std::vector<std::vector<at::Tensor>> grads;  // per measured step: dx of each micro-batch, then dw
 };

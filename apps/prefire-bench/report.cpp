@@ -62,13 +62,18 @@ void print_memory_sweep(std::FILE* out, const std::vector<ModeResult>& results) 
   }
   std::fprintf(out, "\nmemory sweep (budgets: fractions of none's peak held bytes, the least plan where that is "
                     "less, covering prefire's census; a configuration fits when its step peak, by the allocator, is at "
-                    "most the plan's; c: checkpointed, k: kept)\n%-10s %10s %9s %9s %10s %10s  %-8s %-44s %9s %7s\n",
+                    "most the plan's; c: checkpointed, k: kept; per micro-batch, split by / where they differ)\n"
+                    "%-10s %10s %9s %9s %10s %10s  %-14s %-44s %9s %7s\n",
                "plan", "budget MiB", "held MiB", "plan MiB", "step peak", "step ms", "blocks", "that fit: step ms",
                "plan/best", "/none");
   for (const auto& r : results) {
     if (r.mode != Mode::kPlan) continue;
-    std::string blocks, fit;
-    for (bool c : r.checkpointed) blocks += c ? 'c' : 'k';
+    std::string blocks, fit;  // per micro-batch, split by / where they differ
+    for (const auto& per_block : r.checkpointed) {
+      std::string letters;
+      for (bool c : per_block) letters += c ? 'c' : 'k';
+      if (blocks.empty() || r.checkpointed.front() != per_block) blocks += (blocks.empty() ? "" : "/") + letters;
+    }
     const double step = spread(r.step_ms).median;
     double best = 0;
     for (const auto& other : results) {
@@ -80,7 +85,7 @@ void print_memory_sweep(std::FILE* out, const std::vector<ModeResult>& results) 
       fit += cell;
       if (best == 0 || s < best) best = s;
     }
-    std::fprintf(out, "%-10s %10.2f %9.2f %9.2f %10.2f %10.1f  %-8s %-44s %9s %7.2f%s\n", r.label.c_str(),
+    std::fprintf(out, "%-10s %10.2f %9.2f %9.2f %10.2f %10.1f  %-14s %-44s %9s %7.2f%s\n", r.label.c_str(),
                  mib(r.budget_bytes), mib(r.peak_held_bytes), mib(r.plan_bytes), mib(r.step_peak_bytes), step,
                  blocks.c_str(), fit.empty() ? "none fits" : fit.c_str(),
                  best > 0 ? std::to_string(step / best).substr(0, 4).c_str() : "-",
@@ -133,6 +138,8 @@ void write_json(const std::string& path, const RunConfig& c, const std::vector<M
         {"plan_bytes", measured(r.plan_bytes, r.mode == Mode::kPlan)},
         {"measuring_held_bytes", measured(r.measuring_held_bytes, r.mode == Mode::kPlan)},
         {"released_after_b_per_step", measured(r.released_after_b_per_step, r.mode == Mode::kPlan)},
+        {"released_per_micro_batch", r.mode == Mode::kPlan ? nlohmann::json(r.released_per_micro_batch)
+                                                            : nlohmann::json(nullptr)},
     });
   }
   report["modes"] = std::move(modes);

@@ -9,6 +9,7 @@
 #include <prefire/install.h>
 #include <prefire/observer.h>
 #include <prefire/plan.h>
+#include <prefire/pipeline_plan.h>
 #include <prefire/saved_tensor_meter.h>
 #include <prefire/schedule.h>
 #include <prefire/session.h>

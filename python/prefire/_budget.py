@@ -64,7 +64,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import _C
-from ._hook_points import Action
+from ._hook_points import Action, planner_actions
 
 StageMicroBatch = Tuple[int, int]  # (stage index, micro-batch)
 
@@ -91,6 +91,7 @@ class RankBudget:
         self.kept_bytes: Dict[int, int] = {}    # what a stage's session keeps for W after B, when trimmed
         self._read_actions = actions
         self._actions: Optional[List[Action]] = None
+        self._planned: Optional[List[Any]] = None  # the actions as the C++ planner takes them
         self._b_at: Dict[StageMicroBatch, int] = {}          # where each B (or full backward) is in the actions
         self._w_at: Dict[StageMicroBatch, int] = {}          # where each W is
         self._at: Optional[int] = None           # the rank's place in its actions this step (None: unknown)
@@ -150,6 +151,11 @@ class RankBudget:
                 elif kind == "W":
                     self._w_at.setdefault((s, m), i)
         return self._actions
+
+    def _planner_actions(self) -> List[Any]:
+        if self._planned is None:
+            self._planned = planner_actions(self.actions())
+        return self._planned
 
     def step_begins(self) -> None:
         self._at = 0 if self.actions() else None
@@ -215,39 +221,32 @@ class RankBudget:
         """The least room the sessions leave of the budget from now (the
         rank about to run action ``begin``, or running ``now``), holding
         ``held``, through the actions ``begin:end`` (Note [A rank's byte
-        budget]). Each B or full backward holds its stage's need less what
-        is prefired of it while it runs, and each W that recomputes its
+        budget]; the count is the planner's, ``_C.least_session_room``).
+        Each B or full backward holds its stage's need less what is
+        prefired of it while it runs, and each W that recomputes its
         stage's need; ``keep``: a later B keeps what it recomputed for W
         (what its stage's trimmed sessions keep), else it lets go and its W
         recomputes. A stage not seen close yet needs ``unseen_need``."""
         pending = self.pending()
         actions = self.actions()
-        held = dict(held)
-        total = sum(held.values())
-        least = self._room(begin if now is None else now) - total
-        for at in range(begin, end):
-            kind, stage, mb = actions[at]
+        keys: Dict[StageMicroBatch, int] = {k: i for i, k in enumerate(held)}
+        for _, stage, mb in actions:
+            keys.setdefault((stage, mb), len(keys))
+        session_actions = []
+        for (kind, stage, mb), planned in zip(actions, self._planner_actions()):
             k = (stage, mb)
-            need = 0 if k in self.idle else self.stage_bytes.get(stage) or unseen_need
-            if kind in ("B", "BW"):
-                add = max(0, need - held.get(k, 0))
-                least = min(least, self._room(at) - total - add)
-                if kind == "B" and keep:  # kept for W: all it held, or what its stage's trimmed sessions keep
-                    after = held.get(k, 0) + add
-                    after = min(after, self.kept_bytes.get(stage, after))
-                    total += after - held.get(k, 0)
-                    held[k] = after
-                else:
-                    total -= held.pop(k, 0)
-            elif kind == "W":
-                kept = k in pending and pending[k].kept_for_w
-                recomputes = k in pending and pending[k].w_recomputes if keep else not kept
-                total -= held.pop(k, 0)
-                if recomputes:
-                    least = min(least, self._room(at) - total - need)
-            else:
-                least = min(least, self._room(at) - total)
-        return least
+            mine = pending.get(k)
+            session_actions.append(_C.SessionAction(
+                kind=planned.kind, key=keys[k],
+                need=0 if k in self.idle else self.stage_bytes.get(stage) or unseen_need,
+                kept=self.kept_bytes.get(stage, -1), w_recomputes=mine is not None and mine.w_recomputes,
+                kept_for_w=mine is not None and mine.kept_for_w))
+        bytes_held = [0] * len(keys)
+        for k, n in held.items():
+            bytes_held[keys[k]] = n
+        room = [self._room(at) for at in range(len(actions))]
+        return _C.least_session_room(room, session_actions, bytes_held, begin if now is None else now, begin, end,
+                                     keep)
 
     def closed(self, stage: int, peak_bytes: int) -> None:
         """A session of ``stage`` closed after holding at most ``peak_bytes``."""

@@ -78,6 +78,14 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 Action = Tuple[str, int, int]
 
 
+def planner_actions(actions: Iterable[Action]) -> List[Any]:
+    """``actions`` as the C++ planner takes them (``_C.RankAction``)."""
+    from . import _C
+
+    kinds = {"F": _C.ActionKind.FORWARD, "B": _C.ActionKind.B, "W": _C.ActionKind.W, "BW": _C.ActionKind.FULL_BACKWARD}
+    return [_C.RankAction(kind=kinds[kind], stage=stage, micro_batch=mb) for kind, stage, mb in actions]
+
+
 def rank_actions(schedule) -> Optional[List[Action]]:
     """The compute actions of ``schedule``'s rank in one step, in order (an
     OVERLAP_F_B action as its parts); None for a schedule that keeps no

@@ -91,11 +91,10 @@ from . import _C
 from ._budget import RankBudget
 from ._meter import SavedTensorMeter
 from ._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors
-from ._hook_points import Action
+from ._hook_points import Action, planner_actions
 from ._selective import context_fn, mode_costs
 
 KEEP, CHECKPOINT, SELECTIVE = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE
-PASSES = ("B", "W", "BW")  # the actions that recompute a stage's checkpointed blocks
 
 _log = logging.getLogger("prefire")
 
@@ -313,7 +312,8 @@ class RankPlanner:
         costs: List[_C.BlockCost] = []
         for stage, signature in key:
             # empty without an order of actions: every micro-batch at every moment
-            moments, done, passes = lifetime(self._actions, stage)
+            life = lifetime(self._actions, stage)
+            moments, done, passes = list(life.alive), list(life.done), list(life.passes)
             flight = max(moments, default=self.micro_batches) or 1
             measured = self._measured[(stage, signature)]
             # per choice, per block: what it holds (selective: -1 where a block has none)
@@ -334,7 +334,8 @@ class RankPlanner:
                     selective_seconds=statistics.median(r.selective_seconds for _, r in runs) if selective >= 0 else 0.0,
                     selective_after_bytes=after[SELECTIVE] if selective >= 0 else 0))
         # per (stage, micro-batch, block) where the rank's actions say when each micro-batch runs
-        items = _per_micro_batch(costs, self._actions, self.micro_batches) if self._actions else costs
+        items = (_C.per_micro_batch(costs, planner_actions(self._actions), self.micro_batches) if self._actions
+                 else costs)
         least = _C.plan_bytes(items, [True] * len(items), 0, _C.Release.AT_STEP_END)  # as a measuring step runs
         if self.memory_budget < least:
             raise ValueError(f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below what this rank's "
@@ -379,40 +380,11 @@ def _choices_of(plan: RankPlan, stage: int, micro_batch: int) -> List[Any]:
     return [SELECTIVE if s else CHECKPOINT if c else KEEP for c, s in zip(checkpointed[m], selective[m])]
 
 
-def lifetime(actions: List[Action], stage: int,
-             micro_batch: Optional[int] = None) -> Tuple[List[int], List[int], List[int]]:
-    """After each of the rank's ``actions``: how many micro-batches of
-    ``stage`` (only ``micro_batch``, if given) are between their F and their
-    W (or full backward), how many are past it, and how many of their
-    passes (B, W, full backward) the action is."""
-    held = gone = 0
-    alive_at, done_at, passes = [], [], []
-    for kind, s, m in actions:
-        mine = s == stage and micro_batch in (None, m)
-        if mine and kind == "F":
-            held += 1
-        elif mine and kind in ("W", "BW"):
-            held, gone = held - 1, gone + 1
-        alive_at.append(held)
-        done_at.append(gone)
-        passes.append(int(mine and kind in PASSES))
-    return alive_at, done_at, passes
-
-
-def _per_micro_batch(costs: List[_C.BlockCost], actions: List[Action], micro_batches: int) -> List[_C.BlockCost]:
-    """``costs`` (per block, stage by stage) as one item per (stage,
-    micro-batch, block), in that order: each alive only between its
-    micro-batch's F and W, its pass at that micro-batch's B and W, a group
-    per (stage, micro-batch) (Note [A pipeline rank's memory plan])."""
-    items = []
-    stages = list(dict.fromkeys(c.group for c in costs))
-    for i, stage in enumerate(stages):
-        blocks = [c for c in costs if c.group == stage]
-        for m in range(micro_batches):
-            alive_at, done_at, passes = lifetime(actions, stage, m)
-            items.extend(_C.BlockCost.from_dict(dict(c.to_dict(), in_flight=1, group=i * micro_batches + m,
-                                                     alive=alive_at, done=done_at, passes=passes)) for c in blocks)
-    return items
+def lifetime(actions: List[Action], stage: int, micro_batch: Optional[int] = None) -> Any:
+    """The planner's lifetime of ``stage``'s micro-batches over the rank's
+    ``actions`` (``micro_batch``: of that one alone): per action, how many
+    are alive (between F and W), done, and in a pass (``_C.lifetime``)."""
+    return _C.lifetime(planner_actions(actions), stage, -1 if micro_batch is None else micro_batch)
 
 
 def _after(measured: Optional[int], whole: int, last: bool, share: Optional[float]) -> int:

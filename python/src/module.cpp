@@ -568,6 +568,40 @@ PYBIND11_MODULE(_C, m) {
   m.def("least_plan_bytes", &prefire::least_plan_bytes, py::arg("blocks"), py::arg("release"));
   m.def("plan_bytes", &prefire::plan_bytes, py::arg("blocks"), py::arg("checkpointed"), py::arg("prefire_ahead"), py::arg("release"),
         py::arg("selective") = std::vector<bool>{});
+  // A pipeline rank's plan from its actions, and what its sessions may hold beside it (pipeline_plan.h).
+  py::enum_<ActionKind>(m, "ActionKind")
+      .value("FORWARD", ActionKind::kForward)
+      .value("B", ActionKind::kB)
+      .value("W", ActionKind::kW)
+      .value("FULL_BACKWARD", ActionKind::kFullBackward);
+  py::class_<RankAction>(m, "RankAction", "One of a pipeline rank's compute actions.")
+      .def(py::init([](ActionKind kind, int64_t stage, int64_t micro_batch) {
+             return RankAction{.kind = kind, .stage = stage, .micro_batch = micro_batch};
+           }),
+           py::kw_only(), py::arg("kind"), py::arg("stage"), py::arg("micro_batch"))
+      .def_readonly("kind", &RankAction::kind)
+      .def_readonly("stage", &RankAction::stage)
+      .def_readonly("micro_batch", &RankAction::micro_batch);
+  py::class_<Lifetime>(m, "Lifetime")
+      .def_readonly("alive", &Lifetime::alive)
+      .def_readonly("done", &Lifetime::done)
+      .def_readonly("passes", &Lifetime::passes);
+  m.def("lifetime", &prefire::lifetime, py::arg("actions"), py::arg("stage"), py::arg("micro_batch") = -1);
+  m.def("per_micro_batch", &prefire::per_micro_batch, py::arg("blocks"), py::arg("actions"),
+        py::arg("micro_batches"));
+  py::class_<SessionAction>(m, "SessionAction", "One of a rank's actions as its sessions' budget sees it.")
+      .def(py::init([](ActionKind kind, int64_t key, int64_t need, int64_t kept, bool w_recomputes, bool kept_for_w) {
+             return SessionAction{.kind = kind,
+                                  .key = key,
+                                  .need = need,
+                                  .kept = kept,
+                                  .w_recomputes = w_recomputes,
+                                  .kept_for_w = kept_for_w};
+           }),
+           py::kw_only(), py::arg("kind"), py::arg("key"), py::arg("need"), py::arg("kept") = -1,
+           py::arg("w_recomputes") = false, py::arg("kept_for_w") = false);
+  m.def("least_session_room", &prefire::least_session_room, py::arg("room"), py::arg("actions"), py::arg("held"),
+        py::arg("now"), py::arg("begin"), py::arg("end"), py::arg("keep_for_w"));
   m.def("choice_seconds", &prefire::choice_seconds, py::arg("block"), py::arg("choice"));
   m.def("describe_plan", &prefire::describe_plan, py::arg("blocks"), py::arg("choices"), py::arg("memory_budget"),
         py::arg("prefire_ahead"), py::arg("release"));

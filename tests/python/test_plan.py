@@ -10,7 +10,9 @@ budget against an exhaustive search on random costs), pipelines."""
 
 import copy
 import json
+import os
 import random
+import subprocess
 import warnings
 
 import pytest
@@ -18,7 +20,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper as TorchCheckpointWrapper
 
 import prefire
-from prefire import _plan
+from prefire import _C, _plan
 from prefire._selective import ModeCosts
 
 ONE_PASS = prefire.Release.IN_BACKWARD  # what the planner of a plain model uses
@@ -348,3 +350,45 @@ def test_the_planner_says_what_each_pass_holds_and_the_room_it_leaves():
     assert list(plan.moment_bytes) == [20, 140, 120, 100] and plan.blocks_bytes == 140
     assert list(plan.room_bytes) == [980, 860, 860, 880]
     assert plan.peak_bytes == 140 + 200 == prefire.plan_bytes(blocks, [True, True, False])
+
+
+def test_the_same_costs_give_one_plan_through_python_and_prefire_bench(tmp_path):
+    """The planner is one: costs planned through the Python API and through
+    prefire-bench (C++, ``--plan``) give the same plan, moments, passes and
+    room, per micro-batch over a ZBV rank's actions and per block."""
+    bench = os.environ.get("PREFIRE_BENCH")
+    if not bench:
+        pytest.skip("PREFIRE_BENCH (prefire-bench's path) is not set; ctest sets it")
+    from prefire._hook_points import planner_actions
+    from prefire.pipeline_bench.replay import rank_orders
+
+    rng = random.Random(38)
+    micro_batches = 4
+    actions = rank_orders("zbv", 2, micro_batches)[0]
+    stages = sorted({s for _, s, _ in actions})
+    blocks = []
+    for stage in stages:
+        for _ in range(2):
+            saved = rng.randint(1 << 20, 8 << 20)
+            selective = rng.random() < 0.5
+            blocks.append(prefire.BlockCost(saved_bytes=saved, input_bytes=saved // 8,
+                                            recompute_seconds=rng.uniform(1e-3, 5e-3), group=stage,
+                                            selective_bytes=saved // 3 if selective else -1,
+                                            selective_seconds=1e-4 if selective else 0.0))
+    items = _C.per_micro_batch(blocks, planner_actions(actions), micro_batches)
+    path = tmp_path / "costs.json"
+    for name, costs, extra in (("per micro-batch", items, {"actions": [list(a) for a in actions],
+                                                          "micro_batches": micro_batches}),
+                               ("per block", blocks, {})):
+        least, most = prefire.least_plan_bytes(costs), prefire.plan_bytes(costs, [False] * len(costs))
+        for budget in (least, (least + most) // 2, most):
+            plan = prefire.plan_for_budget(costs, budget)
+            path.write_text(json.dumps(dict(memory_budget=budget, blocks=[b.to_dict() for b in blocks], **extra)))
+            out = subprocess.run([bench, "--plan", str(path)], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            assert json.loads(out.stdout) == plan.to_dict(), (name, budget)
+            assert any(plan.checkpointed) or budget == most
+    # a file that names a field the planner does not know is refused, naming it
+    path.write_text(json.dumps(dict(memory_budget=1 << 40, blocks=[dict(blocks[0].to_dict(), offload=1)])))
+    out = subprocess.run([bench, "--plan", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "unknown field offload" in out.stderr
