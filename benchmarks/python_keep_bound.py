@@ -14,7 +14,7 @@ micro-batches)): small pipelines only.
 import argparse
 
 from prefire import _C
-from prefire._pipeline_plan import lifetime
+from prefire._pipeline_costs import lifetime
 from prefire.pipeline_bench.replay import rank_orders
 
 MiB = 1 << 20

@@ -81,35 +81,22 @@ of checkpoint calls than its measurement raises: the plan is per call.
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _C
 from ._budget import RankBudget
 from ._meter import SavedTensorMeter
-from ._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors
 from ._hook_points import Action, planner_actions
+from ._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors
+from ._pipeline_costs import CHECKPOINT, KEEP, SELECTIVE, StageMeasured, stage_costs
 from ._selective import context_fn, mode_costs
 
-KEEP, CHECKPOINT, SELECTIVE = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE
 
 _log = logging.getLogger("prefire")
 
 PlanKey = Tuple[Tuple[int, Signature], ...]  # ((stage, signature), ...) for the rank's stages, in stage order
-
-
-@dataclass
-class _Measured:
-    """What the forwards of one stage and signature measured, per block:
-    (kept bytes, what its measuring forward measured) of each micro-batch;
-    and what a block still held after its micro-batch's W, per choice
-    (KEEP, CHECKPOINT, SELECTIVE; None: not seen yet)."""
-
-    blocks: List[List[Tuple[int, Measured]]] = field(default_factory=list)
-    after: Dict[Any, List[Optional[int]]] = field(default_factory=dict)  # per choice, per block
 
 
 @dataclass
@@ -195,7 +182,7 @@ class RankPlanner:
         self.stages = sorted(stages)
         self.micro_batches = micro_batches
         self.measuring_steps = 0
-        self._measured: Dict[Tuple[int, Signature], _Measured] = {}
+        self._measured: Dict[Tuple[int, Signature], StageMeasured] = {}
         self._latest: Dict[int, Signature] = {}   # each stage's signature in its latest forward
         self._plans: Dict[PlanKey, RankPlan] = {}
         self._current: Optional[RankPlan] = None
@@ -257,7 +244,7 @@ class RankPlanner:
             raise RuntimeError(f"prefire.pipelining: stage {forward.stage}'s forward made {forward.calls} checkpoint "
                                f"calls but {len(handles)} checkpoints (one without an input that requires grad?); "
                                f"memory_budget needs one checkpoint per call")
-        measured = self._measured.setdefault((forward.stage, forward.signature), _Measured())
+        measured = self._measured.setdefault((forward.stage, forward.signature), StageMeasured())
         if not measured.blocks:
             measured.blocks = [[] for _ in handles]
             measured.after = {choice: [None] * len(handles) for choice in (KEEP, CHECKPOINT, SELECTIVE)}
@@ -309,30 +296,9 @@ class RankPlanner:
             self._current = self._choose(self._current.key)
 
     def _choose(self, key: PlanKey) -> RankPlan:
-        costs: List[_C.BlockCost] = []
-        for stage, signature in key:
-            # empty without an order of actions: every micro-batch at every moment
-            life = lifetime(self._actions, stage)
-            moments, done, passes = list(life.alive), list(life.done), list(life.passes)
-            flight = max(moments, default=self.micro_batches) or 1
-            measured = self._measured[(stage, signature)]
-            # per choice, per block: what it holds (selective: -1 where a block has none)
-            wholes = {KEEP: [max(kept for kept, _ in runs) for runs in measured.blocks],
-                      CHECKPOINT: [max(r.input_bytes for _, r in runs) for runs in measured.blocks],
-                      SELECTIVE: [-1 if min(r.selective_bytes for _, r in runs) < 0
-                                  else max(r.selective_bytes for _, r in runs) for runs in measured.blocks]}
-            last = stage == self.last_stage and not self.last_stage_lets_go
-            shares = {c: _share(measured.after[c], wholes[c]) for c in wholes}
-            for index, runs in enumerate(measured.blocks):
-                after = {c: _after(measured.after[c][index], max(0, wholes[c][index]), last, shares[c]) for c in wholes}
-                selective = wholes[SELECTIVE][index]
-                costs.append(_C.BlockCost(
-                    saved_bytes=wholes[KEEP][index], input_bytes=wholes[CHECKPOINT][index],
-                    recompute_seconds=statistics.median(r.seconds for _, r in runs), in_flight=flight, group=stage,
-                    alive=moments, done=done, passes=passes, saved_after_bytes=after[KEEP],
-                    input_after_bytes=after[CHECKPOINT], selective_bytes=selective,
-                    selective_seconds=statistics.median(r.selective_seconds for _, r in runs) if selective >= 0 else 0.0,
-                    selective_after_bytes=after[SELECTIVE] if selective >= 0 else 0))
+        costs = [cost for stage, signature in key
+                 for cost in stage_costs(self._measured[(stage, signature)], self._actions, stage, self.micro_batches,
+                                         last=stage == self.last_stage and not self.last_stage_lets_go)]
         # per (stage, micro-batch, block) where the rank's actions say when each micro-batch runs
         items = (_C.per_micro_batch(costs, planner_actions(self._actions), self.micro_batches) if self._actions
                  else costs)
@@ -378,30 +344,6 @@ def _choices_of(plan: RankPlan, stage: int, micro_batch: int) -> List[Any]:
     checkpointed, selective = plan.checkpointed[stage], plan.selective[stage]
     m = micro_batch % len(checkpointed)  # a step of more micro-batches than planned: as many as a plan has
     return [SELECTIVE if s else CHECKPOINT if c else KEEP for c, s in zip(checkpointed[m], selective[m])]
-
-
-def lifetime(actions: List[Action], stage: int, micro_batch: Optional[int] = None) -> Any:
-    """The planner's lifetime of ``stage``'s micro-batches over the rank's
-    ``actions`` (``micro_batch``: of that one alone): per action, how many
-    are alive (between F and W), done, and in a pass (``_C.lifetime``)."""
-    return _C.lifetime(planner_actions(actions), stage, -1 if micro_batch is None else micro_batch)
-
-
-def _after(measured: Optional[int], whole: int, last: bool, share: Optional[float]) -> int:
-    """What a block is taken to hold after its micro-batch's W: what was
-    measured; before that, on the last stage the largest ``share`` of their
-    bytes its other blocks were seen to hold then (all of it when none
-    was), elsewhere nothing."""
-    if measured is not None:
-        return min(whole, measured)
-    if not last:
-        return 0
-    return whole if share is None else min(whole, math.ceil(share * whole))
-
-
-def _share(after: List[Optional[int]], wholes: List[int]) -> Optional[float]:  # wholes of -1: none
-    seen = [a / w for a, w in zip(after, wholes) if a is not None and w > 0]
-    return max(seen, default=None)
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:

@@ -1,0 +1,82 @@
+"""The costs of a pipeline rank's blocks, from what its measuring forwards
+and Ws measured (Note [A pipeline rank's memory plan] in _pipeline_plan.py):
+pure arithmetic on the measurements, the planner's own rules asked of the
+C++ planner (``_C.lifetime``)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _C
+from ._hook_points import Action, planner_actions
+from ._measuring import Measured
+
+KEEP, CHECKPOINT, SELECTIVE = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE
+
+
+@dataclass
+class StageMeasured:
+    """What the forwards of one stage and signature measured, per block:
+    (kept bytes, what its measuring forward measured) of each micro-batch;
+    and what a block still held after its micro-batch's W, per choice
+    (KEEP, CHECKPOINT, SELECTIVE; None: not seen yet)."""
+
+    blocks: List[List[Tuple[int, Measured]]] = field(default_factory=list)
+    after: Dict[Any, List[Optional[int]]] = field(default_factory=dict)  # per choice, per block
+
+
+def stage_costs(measured: StageMeasured, actions: List[Action], stage: int, micro_batches: int,
+                last: bool) -> List[Any]:
+    """One BlockCost per block of ``stage``: the most it was measured to
+    hold per choice, its median times, alive from each micro-batch's F to
+    its W over the rank's ``actions`` (every micro-batch at every moment
+    without them) and what it holds after W (``last``: the last stage, whose
+    blocks may hold their graph past W until seen not to)."""
+    life = lifetime(actions, stage)
+    moments, done, passes = list(life.alive), list(life.done), list(life.passes)
+    flight = max(moments, default=micro_batches) or 1
+    # per choice, per block: what it holds (selective: -1 where a block has none)
+    wholes = {KEEP: [max(kept for kept, _ in runs) for runs in measured.blocks],
+              CHECKPOINT: [max(r.input_bytes for _, r in runs) for runs in measured.blocks],
+              SELECTIVE: [-1 if min(r.selective_bytes for _, r in runs) < 0
+                          else max(r.selective_bytes for _, r in runs) for runs in measured.blocks]}
+    shares = {c: _share(measured.after[c], wholes[c]) for c in wholes}
+    costs = []
+    for index, runs in enumerate(measured.blocks):
+        after = {c: _after(measured.after[c][index], max(0, wholes[c][index]), last, shares[c]) for c in wholes}
+        selective = wholes[SELECTIVE][index]
+        costs.append(_C.BlockCost(
+            saved_bytes=wholes[KEEP][index], input_bytes=wholes[CHECKPOINT][index],
+            recompute_seconds=statistics.median(r.seconds for _, r in runs), in_flight=flight, group=stage,
+            alive=moments, done=done, passes=passes, saved_after_bytes=after[KEEP],
+            input_after_bytes=after[CHECKPOINT], selective_bytes=selective,
+            selective_seconds=statistics.median(r.selective_seconds for _, r in runs) if selective >= 0 else 0.0,
+            selective_after_bytes=after[SELECTIVE] if selective >= 0 else 0))
+    return costs
+
+
+def lifetime(actions: List[Action], stage: int, micro_batch: Optional[int] = None) -> Any:
+    """The planner's lifetime of ``stage``'s micro-batches over the rank's
+    ``actions`` (``micro_batch``: of that one alone): per action, how many
+    are alive (between F and W), done, and in a pass (``_C.lifetime``)."""
+    return _C.lifetime(planner_actions(actions), stage, -1 if micro_batch is None else micro_batch)
+
+
+def _after(measured: Optional[int], whole: int, last: bool, share: Optional[float]) -> int:
+    """What a block is taken to hold after its micro-batch's W: what was
+    measured; before that, on the last stage the largest ``share`` of their
+    bytes its other blocks were seen to hold then (all of it when none
+    was), elsewhere nothing."""
+    if measured is not None:
+        return min(whole, measured)
+    if not last:
+        return 0
+    return whole if share is None else min(whole, math.ceil(share * whole))
+
+
+def _share(after: List[Optional[int]], wholes: List[int]) -> Optional[float]:  # wholes of -1: none
+    seen = [a / w for a, w in zip(after, wholes) if a is not None and w > 0]
+    return max(seen, default=None)
