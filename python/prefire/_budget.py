@@ -15,7 +15,8 @@ close, is the most one of its sessions held; ``pass_bytes`` the most of all
 stages.
 
 Both decisions walk the rank's actions in the schedule's own order
-(``_headroom``): each B or full backward holds its stage's need less what
+(``_headroom``, counted by the C++ planner: ``least_session_room`` in
+include/prefire/pipeline_plan.h, which prefire-bench asks too): each B or full backward holds its stage's need less what
 is prefired of it while it runs; each W lets go of its micro-batch, and
 holds its stage's need while it runs if it recomputes.
   * After B, a micro-batch keeps its recomputation for W only if the rank
