@@ -254,7 +254,7 @@ class RankPlanner:
         for block, handle, record in zip(measured.blocks, handles, forward.records):
             block.append((_C.kept_bytes(handle), record))
 
-    def released(self, stage: int, micro_batch: int) -> None:
+    def last_pass_ran(self, stage: int, micro_batch: int) -> None:
         """The W (or full backward) of ``micro_batch`` on ``stage`` ran: what
         each of its blocks still holds stays until the step ends."""
         forward = self._open.pop((stage, micro_batch), None)

@@ -111,13 +111,13 @@ class _StageSessions:
             self.run_pass(bwd_chunk_id, not full, lambda: original["backward_one_chunk"](bwd_chunk_id, *args, **kwargs))
             if not full:
                 self.after_b(bwd_chunk_id)
-            owner._action_done(stage.stage_index, bwd_chunk_id, released=full)
+            owner._action_done(stage.stage_index, bwd_chunk_id, last_pass=full)
 
         def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
             owner.budget.ran(("W", stage.stage_index, bwd_chunk_id))
             self.run_pass(bwd_chunk_id, False,
                           lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs), weight=True)
-            owner._action_done(stage.stage_index, bwd_chunk_id, released=True)
+            owner._action_done(stage.stage_index, bwd_chunk_id, last_pass=True)
 
         def clear_runtime_states():
             self.clear_all()

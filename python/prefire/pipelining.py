@@ -144,17 +144,17 @@ class Pipelining:
         if self.bubbles is not None:
             self.bubbles.new_step(training)
 
-    def _action_done(self, stage_index: int, micro_batch: int, released: bool) -> None:
-        """A backward action ran; ``released``: the micro-batch's last pass on the stage."""
+    def _action_done(self, stage_index: int, micro_batch: int, last_pass: bool) -> None:
+        """A backward action ran; ``last_pass``: the micro-batch's last pass on the stage."""
         stage = self._stages[stage_index].stage
-        if released and stage.is_last and let_go_of_graph(stage, self.schedule, micro_batch):
+        if last_pass and stage.is_last and let_go_of_graph(stage, self.schedule, micro_batch):
             self._stats.graphs_let_go += 1
             if self.planner is not None:
                 self.planner.last_stage_lets_go = True
         if self.planner is None:
             return
-        if released:
-            self.planner.released(stage_index, micro_batch)
+        if last_pass:
+            self.planner.last_pass_ran(stage_index, micro_batch)
         if self.budget.step_ended:
             self.planner.step_ends(self.budget.actions())
 

@@ -213,3 +213,17 @@ def test_an_overlapped_action_sends_what_its_parts_produced_after_its_last_part(
     assert together.step_s == apart.step_s + 1.0
     assert overlaps("dualpipev", 2, 4) and all(len(g) == 2 for g in overlaps("dualpipev", 2, 4))
     assert overlaps("zbv", 2, 4) == []
+
+
+def test_a_sweep_written_with_costs_by_position_is_refused_with_a_message():
+    """Costs go by field name (Note [Costs and plans by name]): a sweep an
+    older prefire wrote, its costs as lists of values by position, is
+    refused, not misread."""
+    from prefire.pipeline_bench.plan_search import _plan_of
+
+    rank = {"plan_costs": [[100, 10, 1.0, 1, 0, [], [], 0, 0, -1, 0.0, 0, []]], "plan": {"0": [[True]]}}
+    with pytest.raises(ValueError, match="by position, as an older prefire wrote them; run the sweep again"):
+        _plan_of(rank)
+    rank["plan_costs"] = [{"saved_bytes": 100, "input_bytes": 10, "recompute_seconds": 1.0}]
+    with pytest.raises(ValueError, match="missing field"):
+        _plan_of(rank)

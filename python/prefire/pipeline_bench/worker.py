@@ -268,7 +268,7 @@ class ModeRun:
                                if self.sessions is not None and self.sessions.plan is not None else None),
             "measuring_held_bytes": self.steps[0]["peak_held_bytes"],
             # what the plan was chosen from, in the plan's order (the simulator's search)
-            # by field name (Note [Costs and plans by name] in python/src/module.cpp)
+            # by field name (Note [Costs and plans by name] in python/src/plan_bindings.cpp)
             "plan_costs": ([c.to_dict() for c in self.sessions.plan.costs]
                            if self.sessions is not None and self.sessions.plan is not None else None),
             # one pass's recomputation: the least a budget can hold a rank to
