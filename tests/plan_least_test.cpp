@@ -51,7 +51,8 @@ std::vector<BlockCost> random_blocks(std::mt19937_64& rng, Release release, bool
     b.input_bytes = static_cast<int64_t>(static_cast<double>(b.saved_bytes) * share(rng));
     b.recompute_seconds = ms(rng) * 1e-3;
     if (selective && coin(rng)) {
-      b.selective_bytes = std::max(b.input_bytes, static_cast<int64_t>(static_cast<double>(b.saved_bytes) * share(rng)));
+      const auto selective = static_cast<int64_t>(static_cast<double>(b.saved_bytes) * share(rng));
+      b.selective_bytes = std::max(b.input_bytes, selective);
       b.selective_seconds = b.recompute_seconds * share(rng) / 1.2;
     }
     if (release == Release::kInBackward) continue;
@@ -76,7 +77,8 @@ void expect_least_is_the_least(Release release, uint64_t seed) {
     ASSERT_EQ(least, exhaustive_least(blocks, release)) << "trial " << trial;
     const prefire::Plan plan = prefire::plan_for_budget(blocks, least, release);
     ASSERT_LE(plan.peak_bytes, least) << "trial " << trial;
-    ASSERT_EQ(plan.peak_bytes, prefire::plan_bytes(blocks, plan.checkpointed, plan.prefire_ahead, release, plan.selective));
+    ASSERT_EQ(plan.peak_bytes,
+              prefire::plan_bytes(blocks, plan.checkpointed, plan.prefire_ahead, release, plan.selective));
     if (least > 0) {
       ASSERT_THROW(prefire::plan_for_budget(blocks, least - 1, release), std::invalid_argument) << "trial " << trial;
     }
@@ -92,7 +94,8 @@ TEST(PlanLeast, AtTheStepEndTheLeastIsTheLeastOfEveryPlan) { expect_least_is_the
 TEST(PlanLeast, EqualBlocksInOneBackwardPassFitWhereTheyDidNotBefore) {
   // four equal blocks: checkpointing the first two and keeping none holds 384341, not the 421205 of
   // every block checkpointed
-  const std::vector<BlockCost> blocks(4, BlockCost{.saved_bytes = 273749, .input_bytes = 36864, .recompute_seconds = 1e-3});
+  const std::vector<BlockCost> blocks(
+      4, BlockCost{.saved_bytes = 273749, .input_bytes = 36864, .recompute_seconds = 1e-3});
   EXPECT_EQ(prefire::least_plan_bytes(blocks, Release::kInBackward), exhaustive_least(blocks, Release::kInBackward));
   EXPECT_LT(prefire::least_plan_bytes(blocks, Release::kInBackward), 421205);
   EXPECT_NO_THROW(prefire::plan_for_budget(blocks, 384341, Release::kInBackward));

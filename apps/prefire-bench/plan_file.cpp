@@ -60,7 +60,9 @@ prefire::RankAction action(const json& j) {
 json plan_json(const prefire::Plan& p) {
   json choices = json::array();
   for (prefire::Choice c : p.choices) {
-    choices.push_back(c == prefire::Choice::kKeep ? "KEEP" : c == prefire::Choice::kCheckpoint ? "CHECKPOINT" : "SELECTIVE");
+    choices.push_back(c == prefire::Choice::kKeep         ? "KEEP"
+                      : c == prefire::Choice::kCheckpoint ? "CHECKPOINT"
+                                                          : "SELECTIVE");
   }
   return {{"choices", choices},
           {"checkpointed", p.checkpointed},

@@ -16,9 +16,10 @@ stages.
 
 Both decisions walk the rank's actions in the schedule's own order
 (``_headroom``, counted by the C++ planner: ``least_session_room`` in
-include/prefire/pipeline_plan.h, which prefire-bench asks too): each B or full backward holds its stage's need less what
-is prefired of it while it runs; each W lets go of its micro-batch, and
-holds its stage's need while it runs if it recomputes.
+include/prefire/pipeline_plan.h, which prefire-bench asks too): each B or
+full backward holds its stage's need less what is prefired of it while it
+runs; each W lets go of its micro-batch, and holds its stage's need while
+it runs if it recomputes.
   * After B, a micro-batch keeps its recomputation for W only if the rank
     stays within N until that W, every other micro-batch at its floor
     meanwhile: a later B lets go of its recomputation and its W
@@ -40,8 +41,9 @@ memory plan] in _pipeline_plan.py) N is what the planner says the memory
 budget leaves beside the plan's blocks while each action runs
 (``set(room=Plan.room_bytes)``, Note [What a plan holds] in
 src/plan/plan_bytes.cpp): more room where few micro-batches are in flight,
-and the plan already counted each pass where it runs; a micro-batch whose blocks the plan keeps needs no pass
-(``expect(idle=...)``: a plan chooses per micro-batch).
+and the plan already counted each pass where it runs; a micro-batch whose
+blocks the plan keeps needs no pass (``expect(idle=...)``: a plan chooses
+per micro-batch).
 What a B keeps for W saves a recomputation; a bubble prefire only moves one
 off the critical path. So the keep decision must not depend on when the
 bubbles fell (a slow machine prefires at other moments than a fast one):
@@ -88,13 +90,13 @@ class RankBudget:
         self.pending = pending
         self.holds = holds
         self.stage_bytes: Dict[int, int] = {}   # a stage's need: the most one of its sessions held
-        self.idle: Set[StageMicroBatch] = set()              # micro-batches of a stage a memory plan recomputes nothing of
+        self.idle: Set[StageMicroBatch] = set()  # micro-batches of a stage a memory plan recomputes nothing of
         self.kept_bytes: Dict[int, int] = {}    # what a stage's session keeps for W after B, when trimmed
         self._read_actions = actions
         self._actions: Optional[List[Action]] = None
         self._planned: Optional[List[Any]] = None  # the actions as the C++ planner takes them
-        self._b_at: Dict[StageMicroBatch, int] = {}          # where each B (or full backward) is in the actions
-        self._w_at: Dict[StageMicroBatch, int] = {}          # where each W is
+        self._b_at: Dict[StageMicroBatch, int] = {}  # where each B (or full backward) is in the actions
+        self._w_at: Dict[StageMicroBatch, int] = {}  # where each W is
         self._at: Optional[int] = None           # the rank's place in its actions this step (None: unknown)
         self._warned = False
 

@@ -37,7 +37,8 @@ void by_name(py::class_<T>& cls, const char* type, std::vector<std::string> fiel
       if (py::isinstance<py::list>(value)) {
         py::list items;
         for (const py::handle item : value) {
-          items.append(py::isinstance(item, choice) ? py::object(item.attr("name")) : py::reinterpret_borrow<py::object>(item));
+          items.append(py::isinstance(item, choice) ? py::object(item.attr("name"))
+                                                    : py::reinterpret_borrow<py::object>(item));
         }
         value = items;
       }
@@ -173,7 +174,8 @@ void bind_plan(py::module_& m) {
   m.def("plan_for_budget", &prefire::plan_for_budget, py::arg("blocks"), py::arg("memory_budget"),
         py::arg("release"));
   m.def("least_plan_bytes", &prefire::least_plan_bytes, py::arg("blocks"), py::arg("release"));
-  m.def("plan_bytes", &prefire::plan_bytes, py::arg("blocks"), py::arg("checkpointed"), py::arg("prefire_ahead"), py::arg("release"),
+  m.def("plan_bytes", &prefire::plan_bytes, py::arg("blocks"), py::arg("checkpointed"), py::arg("prefire_ahead"),
+        py::arg("release"),
         py::arg("selective") = std::vector<bool>{});
   // A pipeline rank's plan from its actions, and what its sessions may hold beside it (pipeline_plan.h).
   py::enum_<ActionKind>(m, "ActionKind")

@@ -63,7 +63,9 @@ int64_t least_session_room(const std::vector<int64_t>& room, const std::vector<S
                                   " outside the " + std::to_string(held.size()) + " sessions held");
     }
   }
-  auto room_at = [&](int64_t t) { return t < n ? room[static_cast<size_t>(t)] : *std::min_element(room.begin(), room.end()); };
+  auto room_at = [&](int64_t t) {
+    return t < n ? room[static_cast<size_t>(t)] : *std::min_element(room.begin(), room.end());
+  };
   int64_t total = 0;
   for (int64_t h : held) total += h;
   int64_t least = (n == 0 ? 0 : room_at(now)) - total;

@@ -107,7 +107,8 @@ def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
         budgets = [r["memory_budget"] for r in mode["ranks"]]
         fitting = []
         for (blocks, _), budget in zip(plans, budgets):
-            choices = itertools.product(*[(KEEP, CHECKPOINT, SELECTIVE) if b.selective_bytes >= 0 else (KEEP, CHECKPOINT)
+            choices = itertools.product(*[(KEEP, CHECKPOINT, SELECTIVE) if b.selective_bytes >= 0
+                                          else (KEEP, CHECKPOINT)
                                           for b in blocks])
             fitting.append([list(c) for c in choices if _plan_bytes(blocks, c) <= budget])
         blocks = [b for rank_blocks, _ in plans for b in rank_blocks]
