@@ -39,24 +39,34 @@ double exhaustive_best(const std::vector<BlockCost>& blocks, int64_t budget,
 
 std::vector<BlockCost> transformer(int n, int64_t in_flight = 1) {
   // a block saves 12x its input (attention and MLP activations) and takes 1 ms
-  return std::vector<BlockCost>(static_cast<size_t>(n), BlockCost{12 << 20, 1 << 20, 1e-3, in_flight});
+  return std::vector<BlockCost>(static_cast<size_t>(n), BlockCost{.saved_bytes = 12 << 20, .input_bytes = 1 << 20,
+                                                                  .recompute_seconds = 1e-3, .in_flight = in_flight});
 }
 
 TEST(Plan, BytesFollowTheNote) {
-  const std::vector<BlockCost> blocks{{100, 10, 1.0, 1}, {200, 20, 2.0, 3}, {50, 5, 0.5, 1}};
+  const std::vector<BlockCost> blocks{{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0, .in_flight = 1},
+                                      {.saved_bytes = 200, .input_bytes = 20, .recompute_seconds = 2.0, .in_flight = 3},
+                                      {.saved_bytes = 50, .input_bytes = 5, .recompute_seconds = 0.5, .in_flight = 1}};
   EXPECT_EQ(prefire::plan_bytes(blocks, {false, false, false}), 100 + 3 * 200 + 50);
   // checkpointed: inputs, plus one recomputation of the largest checkpointed (200), plus one more prefired
   EXPECT_EQ(prefire::plan_bytes(blocks, {false, true, true}), 100 + 3 * 20 + 5 + 200);
   EXPECT_EQ(prefire::plan_bytes(blocks, {false, true, true}, 1), 100 + 3 * 20 + 5 + 2 * 200);
   EXPECT_THROW(prefire::plan_bytes(blocks, {true}), std::invalid_argument);
-  EXPECT_THROW(prefire::plan_bytes({{-1, 0, 0.0, 1}}, {true}), std::invalid_argument);
-  EXPECT_THROW(prefire::plan_bytes({{1, 0, 0.0, 0}}, {true}), std::invalid_argument);
-  EXPECT_THROW(prefire::plan_bytes({{INT64_MAX / 2, 0, 0.0, 3}}, {false}), std::overflow_error);
+  EXPECT_THROW(prefire::plan_bytes({{.saved_bytes = -1, .input_bytes = 0, .recompute_seconds = 0.0}}, {true}),
+               std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes({{.saved_bytes = 1, .input_bytes = 0, .recompute_seconds = 0.0,
+                                    .in_flight = 0}}, {true}), std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes({{.saved_bytes = INT64_MAX / 2, .input_bytes = 0, .recompute_seconds = 0.0,
+                                     .in_flight = 3}},
+                                   {false}),
+               std::overflow_error);
 }
 
 TEST(Plan, AGroupIsRecomputedTogether) {
   // a pipeline stage's blocks (group 0: two blocks, group 1: one): its B holds their recomputation together
-  const std::vector<BlockCost> blocks{{100, 10, 2.0, 1, 0}, {100, 10, 1.0, 1, 0}, {50, 5, 0.5, 1, 1}};
+  const std::vector<BlockCost> blocks{{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 2.0, .group = 0},
+                                      {.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0, .group = 0},
+                                      {.saved_bytes = 50, .input_bytes = 5, .recompute_seconds = 0.5, .group = 1}};
   EXPECT_EQ(prefire::plan_bytes(blocks, {true, true, true}), 10 + 10 + 5 + (100 + 100));
   EXPECT_EQ(prefire::plan_bytes(blocks, {true, true, true}, 1), 10 + 10 + 5 + 2 * (100 + 100));
   EXPECT_EQ(prefire::plan_bytes(blocks, {false, true, true}), 100 + 10 + 5 + 100);
@@ -67,13 +77,16 @@ TEST(Plan, AGroupIsRecomputedTogether) {
   // one backward pass recomputes one block at a time: groups are a pipeline's
   EXPECT_THROW(prefire::plan_bytes(blocks, {true, true, true}, 0, prefire::Release::kInBackward),
                std::invalid_argument);
-  EXPECT_THROW(prefire::plan_bytes({{1, 0, 0.0, 1, -2}}, {true}), std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes({{.saved_bytes = 1, .input_bytes = 0, .recompute_seconds = 0.0, .in_flight = 1,
+                                    .group = -2}}, {true}), std::invalid_argument);
 }
 
 TEST(Plan, MomentsCountWhatIsHeldAtOnce) {
   // two stages of one rank: stage 0's two micro-batches leave (their W) before stage 1's arrive
-  BlockCost first{100, 10, 1.0, 2, 0, {1, 2, 1, 0, 0, 0}};
-  BlockCost second{100, 10, 1.0, 2, 1, {0, 0, 1, 2, 1, 0}};
+  BlockCost first{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0, .in_flight = 2, .group = 0,
+                  .alive = {1, 2, 1, 0, 0, 0}};
+  BlockCost second{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0, .in_flight = 2, .group = 1,
+                   .alive = {0, 0, 1, 2, 1, 0}};
   EXPECT_EQ(prefire::plan_bytes({first, second}, {false, false}), 2 * 100);  // never more than two at once
   BlockCost always = first;
   always.alive.clear();  // in_flight at every moment: both stages at their most together
@@ -82,7 +95,8 @@ TEST(Plan, MomentsCountWhatIsHeldAtOnce) {
   // what the step holds at its most keeps both
   EXPECT_EQ(prefire::plan_for_budget({first, second}, 200).checkpointed, (std::vector<bool>{false, false}));
   // what a micro-batch still holds after it let go counts until the step ends: one micro-batch, then another
-  BlockCost keeps{100, 10, 1.0, 1, 0, {1, 0, 1, 0}, {0, 1, 1, 2}, 60, 4};
+  BlockCost keeps{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0, .in_flight = 1, .group = 0,
+                  .alive = {1, 0, 1, 0}, .done = {0, 1, 1, 2}, .saved_after_bytes = 60, .input_after_bytes = 4};
   EXPECT_EQ(prefire::plan_bytes({keeps}, {false}), 100 + 60);   // the second alive, the first's 60 still held
   EXPECT_EQ(prefire::plan_bytes({keeps}, {true}), 10 + 4 + 100);  // inputs, and one pass
   keeps.done.clear();  // letting go is letting go of everything
@@ -102,8 +116,10 @@ TEST(Plan, PassesAreCountedWhereTheyRun) {
   // one stage, two micro-batches: F0 F1 B0 W0 B1 W1; the most is held after both forwards, where no pass runs
   const std::vector<int64_t> alive{1, 2, 2, 1, 1, 0};
   const std::vector<int64_t> passes{0, 0, 1, 1, 1, 1};
-  BlockCost a{100, 10, 2.0, 2, 0, alive};
-  BlockCost b{100, 10, 1.0, 2, 0, alive};
+  BlockCost a{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 2.0, .in_flight = 2, .group = 0,
+              .alive = alive};
+  BlockCost b{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0, .in_flight = 2, .group = 0,
+              .alive = alive};
   EXPECT_EQ(prefire::plan_bytes({a, b}, {true, true}), 2 * 20 + 200);  // the largest pass at every moment
   a.passes = b.passes = passes;
   // B0: both micro-batches' inputs and the pass; W0: what was held before it (micro-batch 0 lets go as it ends)
@@ -112,7 +128,13 @@ TEST(Plan, PassesAreCountedWhereTheyRun) {
   EXPECT_EQ(prefire::plan_bytes({a, b}, {false, false}), 2 * 200);       // after F1
   // a pass that runs only once one micro-batch let go: B1 after W0 finds one in flight
   const std::vector<int64_t> late{1, 2, 1, 1, 0, 0};  // F0 F1 W-like release, then B1's pass, W1
-  BlockCost c{100, 10, 1.0, 2, 0, late, {}, 0, 0, -1, 0.0, 0, {0, 0, 0, 1, 0, 0}};
+  BlockCost c{.saved_bytes = 100,
+              .input_bytes = 10,
+              .recompute_seconds = 1.0,
+              .in_flight = 2,
+              .group = 0,
+              .alive = late,
+              .passes = {0, 0, 0, 1, 0, 0}};
   EXPECT_EQ(prefire::plan_bytes({c}, {true}), 10 + 100);  // where the pass runs one input is held, not two
   EXPECT_EQ(prefire::plan_bytes({c}, {true}, 1), 10 + 100 + 100);  // a prefire ahead at any moment
   EXPECT_EQ(prefire::least_plan_bytes({c}), 110);
@@ -127,7 +149,7 @@ TEST(Plan, PassesAreCountedWhereTheyRun) {
   EXPECT_THROW(prefire::plan_bytes({a, without}, {true, true}), std::invalid_argument);
   without.passes = {0, 0, -1, 1, 1, 1};
   EXPECT_THROW(prefire::plan_bytes({a, without}, {true, true}), std::invalid_argument);
-  BlockCost timeless{100, 10, 1.0, 2, 0};
+  BlockCost timeless{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0, .in_flight = 2, .group = 0};
   timeless.passes = passes;  // passes without moments
   EXPECT_THROW(prefire::plan_bytes({timeless}, {true}), std::invalid_argument);
 }
@@ -139,7 +161,7 @@ std::vector<BlockCost> per_micro_batch(const std::vector<std::pair<char, int>>& 
   std::vector<BlockCost> items;
   for (int m = 0; m < 4; ++m) {
     for (int b = 0; b < 5; ++b) {
-      BlockCost item{100, 10, 1.0 + b, 1, 0};
+      BlockCost item{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0 + b, .in_flight = 1, .group = 0};
       int64_t alive = 0;
       int64_t done = 0;
       for (const auto& [kind, mb] : order) {
@@ -218,7 +240,8 @@ TEST(Plan, WhatTheBudgetLeavesGoesToPrefiringAhead) {
 TEST(Plan, BytesAreWorthMoreWhereMoreMicroBatchesAreInFlight) {
   // two blocks alike but for in_flight (a first pipeline stage holds 4 micro-batches, a last one 1):
   // keeping the last stage's block costs a quarter of the first's
-  const std::vector<BlockCost> blocks{{12, 1, 1.0, 4}, {12, 1, 1.0, 1}};
+  const std::vector<BlockCost> blocks{{.saved_bytes = 12, .input_bytes = 1, .recompute_seconds = 1.0, .in_flight = 4},
+                                      {.saved_bytes = 12, .input_bytes = 1, .recompute_seconds = 1.0, .in_flight = 1}};
   const int64_t budget = prefire::least_plan_bytes(blocks) + 11;
   const prefire::Plan plan = prefire::plan_for_budget(blocks, budget);
   EXPECT_EQ(plan.checkpointed, (std::vector<bool>{true, false}));
@@ -316,7 +339,9 @@ TEST(Plan, ManyBlocksStayWithinTheBudgetAndBeatTheHandWrittenPlans) {
 constexpr auto kInBackward = prefire::Release::kInBackward;
 
 TEST(Plan, InOneBackwardPassABlockFindsOnlyTheBlocksBelowItHeld) {
-  const std::vector<BlockCost> blocks{{100, 10, 1.0, 1}, {200, 20, 2.0, 1}, {50, 5, 0.5, 1}};
+  const std::vector<BlockCost> blocks{{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0, .in_flight = 1},
+                                      {.saved_bytes = 200, .input_bytes = 20, .recompute_seconds = 2.0, .in_flight = 1},
+                                      {.saved_bytes = 50, .input_bytes = 5, .recompute_seconds = 0.5, .in_flight = 1}};
   // block 1's backward: block 0's 100, its input 20 and its recomputation 200; block 2's: 125 + 50
   EXPECT_EQ(prefire::plan_bytes(blocks, {false, true, true}, 0, kInBackward), 100 + 20 + 200);
   // prefiring one ahead: block 2's backward also holds block 1's recomputation
@@ -324,8 +349,10 @@ TEST(Plan, InOneBackwardPassABlockFindsOnlyTheBlocksBelowItHeld) {
   // the end of forward holds the most when the checkpointed block is the first
   EXPECT_EQ(prefire::plan_bytes(blocks, {true, false, false}, 0, kInBackward), 10 + 200 + 50);
   EXPECT_EQ(prefire::plan_bytes(blocks, {false, false, false}, 0, kInBackward), 350);
-  EXPECT_THROW(prefire::plan_bytes({{1, 0, 0.0, 2}}, {true}, 0, kInBackward), std::invalid_argument);
-  EXPECT_THROW(prefire::plan_for_budget({{1, 0, 0.0, 2}}, 10, kInBackward), std::invalid_argument);
+  EXPECT_THROW(prefire::plan_bytes({{.saved_bytes = 1, .input_bytes = 0, .recompute_seconds = 0.0,
+                                    .in_flight = 2}}, {true}, 0, kInBackward), std::invalid_argument);
+  EXPECT_THROW(prefire::plan_for_budget({{.saved_bytes = 1, .input_bytes = 0, .recompute_seconds = 0.0,
+                                         .in_flight = 2}}, 10, kInBackward), std::invalid_argument);
 }
 
 TEST(Plan, InOneBackwardPassEveryOtherBlockFitsWhereThePipelineModelSaysItCannot) {
@@ -426,14 +453,16 @@ double exhaustive_best_of_three(const std::vector<BlockCost>& blocks, int64_t bu
 
 BlockCost selective_block(int64_t saved, int64_t input, double seconds, int64_t selective, double selective_seconds,
                           int64_t in_flight = 1, int64_t group = -1) {
-  BlockCost b{saved, input, seconds, in_flight, group};
+  BlockCost b{.saved_bytes = saved, .input_bytes = input, .recompute_seconds = seconds, .in_flight = in_flight,
+              .group = group};
   b.selective_bytes = selective;
   b.selective_seconds = selective_seconds;
   return b;
 }
 
 TEST(Plan, ASelectiveCheckpointHoldsWhatItKeepsAndIsRecomputedLikeTheWholeBlock) {
-  const std::vector<BlockCost> blocks{selective_block(100, 10, 1.0, 60, 0.2, 2), {200, 20, 2.0, 1}};
+  const std::vector<BlockCost> blocks{selective_block(100, 10, 1.0, 60, 0.2, 2),
+                                      {.saved_bytes = 200, .input_bytes = 20, .recompute_seconds = 2.0}};
   // selective: 2 micro-batches of its 60, and its recomputation is charged the block's saved 100
   EXPECT_EQ(prefire::plan_bytes(blocks, {true, false}, 0, prefire::Release::kAtStepEnd, {true, false}),
             2 * 60 + 200 + 100);
@@ -441,7 +470,8 @@ TEST(Plan, ASelectiveCheckpointHoldsWhatItKeepsAndIsRecomputedLikeTheWholeBlock)
   EXPECT_EQ(prefire::plan_bytes(blocks, {true, true}, 0, prefire::Release::kAtStepEnd, {true, false}),
             2 * 60 + 20 + 200);
   // in one backward pass: what blocks 0..j hold, and j's recomputation
-  const std::vector<BlockCost> one{selective_block(100, 10, 1.0, 60, 0.2), {200, 20, 2.0, 1}};
+  const std::vector<BlockCost> one{selective_block(100, 10, 1.0, 60, 0.2),
+                                   {.saved_bytes = 200, .input_bytes = 20, .recompute_seconds = 2.0}};
   EXPECT_EQ(prefire::plan_bytes(one, {true, false}, 0, kInBackward, {true, false}), 60 + 200);
   EXPECT_EQ(prefire::plan_bytes(one, {true, true}, 0, kInBackward, {true, false}), 60 + 20 + 200);
   // selective where a block is kept, or has no selective checkpoint; or a size that differs

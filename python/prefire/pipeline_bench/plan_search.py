@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from .. import _C
 from .._hook_points import Action
+from .._pipeline_costs import CHECKPOINT, KEEP, SELECTIVE  # the planner's choices (_C.Choice)
 from .config import SCHEDULES
 from .replay import Costs, overlaps, rank_orders, replay
 from .measured import _placement, measured_costs
@@ -33,10 +34,7 @@ from .measured import _placement, measured_costs
 # count), not the replay's fidelity (``validate`` does that).
 
 
-KEEP, CHECKPOINT, SELECTIVE = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE
-
-
-def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[List[int]]]:
+def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[List[Any]]]:
     """A plan run's rank: its blocks' costs and prefire's choice, per
     micro-batch (a Choice per block, in the plan's order)."""
     if any(not isinstance(fields, dict) for fields in rank["plan_costs"]):
@@ -63,7 +61,7 @@ def _plan_bytes(blocks: Sequence[Any], choices: Sequence[Any]) -> int:
     return _C.describe_plan(list(blocks), list(choices), 0, 0, _C.Release.AT_STEP_END).peak_bytes
 
 
-def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[int]]) -> Costs:
+def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[Any]]) -> Costs:
     """``costs`` with a mode "plan": per stage and micro-batch (``options``:
     per micro-batch, a choice per block), none's durations plus session's
     extra in the share of the stage's recomputation the plan recomputes
@@ -96,7 +94,7 @@ def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     n_stages = SCHEDULES[schedule][1] * world
     placement = _placement(schedule, world)
 
-    def step(blocks: Sequence[Any], options: Sequence[Sequence[int]]) -> float:
+    def step(blocks: Sequence[Any], options: Sequence[Sequence[Any]]) -> float:
         return replay(orders, placement, n_stages, _with_plan(costs, blocks, options), "plan", groups).step_s
 
     rows = []
