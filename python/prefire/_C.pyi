@@ -1,6 +1,6 @@
-# Type stubs of prefire's extension module (python/src/module.cpp).
+# Type stubs of prefire's extension module (python/src/module.cpp, python/src/plan_bindings.cpp).
 from enum import Enum
-from typing import Callable, ContextManager, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint
@@ -52,11 +52,21 @@ class _SavedTensorMeter:
     @property
     def saved_tensors(self) -> int: ...
 
+# The planner (python/src/plan_bindings.cpp): keyword-only constructors, dicts by field name.
+class Choice(Enum):
+    KEEP = ...
+    CHECKPOINT = ...
+    SELECTIVE = ...
+
 class BlockCost:
-    def __init__(self, saved_bytes: int, input_bytes: int, recompute_seconds: float, in_flight: int = 1,
+    FIELDS: Tuple[str, ...]
+    def __init__(self, *, saved_bytes: int, input_bytes: int, recompute_seconds: float, in_flight: int = 1,
                  group: int = -1, alive: List[int] = ..., done: List[int] = ..., saved_after_bytes: int = 0,
                  input_after_bytes: int = 0, selective_bytes: int = -1, selective_seconds: float = 0.0,
                  selective_after_bytes: int = 0, passes: List[int] = ...) -> None: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+    @staticmethod
+    def from_dict(d: Dict[str, Any]) -> "BlockCost": ...
     saved_bytes: int
     input_bytes: int
     recompute_seconds: float
@@ -64,29 +74,71 @@ class BlockCost:
     group: int
     alive: List[int]
     done: List[int]
-    passes: List[int]
     saved_after_bytes: int
     input_after_bytes: int
     selective_bytes: int
     selective_seconds: float
     selective_after_bytes: int
+    passes: List[int]
 
 class Plan:
+    FIELDS: Tuple[str, ...]
+    def __init__(self, *, choices: List[Choice], checkpointed: List[bool], selective: List[bool],
+                 prefire_ahead: int, peak_bytes: int, recompute_seconds: float, memory_budget: int,
+                 blocks_bytes: int, pass_bytes: List[int], moment_bytes: List[int], room_bytes: List[int]) -> None: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+    @staticmethod
+    def from_dict(d: Dict[str, Any]) -> "Plan": ...
+    choices: List[Choice]
     checkpointed: List[bool]
+    selective: List[bool]
     prefire_ahead: int
     peak_bytes: int
     recompute_seconds: float
-    selective: List[bool]
+    memory_budget: int
+    blocks_bytes: int
+    pass_bytes: List[int]
     moment_bytes: List[int]
+    room_bytes: List[int]
 
 class Release(Enum):
     AT_STEP_END = ...
     IN_BACKWARD = ...
 
-def plan_for_budget(blocks: List[BlockCost], budget_bytes: int, release: Release) -> Plan: ...
+def plan_for_budget(blocks: List[BlockCost], memory_budget: int, release: Release) -> Plan: ...
 def least_plan_bytes(blocks: List[BlockCost], release: Release) -> int: ...
 def plan_bytes(blocks: List[BlockCost], checkpointed: List[bool], prefire_ahead: int, release: Release,
                selective: List[bool] = ...) -> int: ...
+def describe_plan(blocks: List[BlockCost], choices: List[Choice], memory_budget: int, prefire_ahead: int,
+                  release: Release) -> Plan: ...
+def choice_seconds(block: BlockCost, choice: Choice) -> float: ...
+
+class ActionKind(Enum):
+    FORWARD = ...
+    B = ...
+    W = ...
+    FULL_BACKWARD = ...
+
+class RankAction:
+    def __init__(self, *, kind: ActionKind, stage: int, micro_batch: int) -> None: ...
+    kind: ActionKind
+    stage: int
+    micro_batch: int
+
+class Lifetime:
+    alive: List[int]
+    done: List[int]
+    passes: List[int]
+
+def lifetime(actions: List[RankAction], stage: int, micro_batch: int = -1) -> Lifetime: ...
+def per_micro_batch(blocks: List[BlockCost], actions: List[RankAction], micro_batches: int) -> List[BlockCost]: ...
+
+class SessionAction:
+    def __init__(self, *, kind: ActionKind, key: int, need: int, kept: int = -1, w_recomputes: bool = False,
+                 kept_for_w: bool = False) -> None: ...
+
+def least_session_room(room: List[int], actions: List[SessionAction], held: List[int], now: int, begin: int,
+                       end: int, keep_for_w: bool) -> int: ...
 def set_session_budget(session: int, bytes: Optional[int]) -> None: ...
 
 class SessionStats:

@@ -73,6 +73,8 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
+from . import _C
+
 #: (kind, stage index, micro-batch): kind "F", "B" (input gradients), "W"
 #: (weight gradients) or "BW" (full backward)
 Action = Tuple[str, int, int]
@@ -80,8 +82,6 @@ Action = Tuple[str, int, int]
 
 def planner_actions(actions: Iterable[Action]) -> List[Any]:
     """``actions`` as the C++ planner takes them (``_C.RankAction``)."""
-    from . import _C
-
     kinds = {"F": _C.ActionKind.FORWARD, "B": _C.ActionKind.B, "W": _C.ActionKind.W, "BW": _C.ActionKind.FULL_BACKWARD}
     return [_C.RankAction(kind=kinds[kind], stage=stage, micro_batch=mb) for kind, stage, mb in actions]
 

@@ -110,8 +110,12 @@ class RankPlan:
     pass_bytes: Dict[int, int]  # per stage, the most one of its passes holds (the planner's Plan.pass_bytes)
     checkpointed: Dict[int, List[List[bool]]]  # per stage, micro-batch and block: checkpointed, selectively or not
     selective: Dict[int, List[List[bool]]]
-    blocks_bytes: int    # the most the blocks hold, the plan's recomputation left out
-    session_bytes: int   # the rest of the budget there: the rank's sessions' (more where the blocks hold less)
+
+    @property
+    def session_bytes(self) -> int:
+        """The least the budget leaves the rank's sessions beside the blocks
+        (more where they hold less: ``plan.room_bytes``)."""
+        return min(self.plan.room_bytes)
 
 
 class _StageForward:
@@ -323,8 +327,7 @@ class RankPlanner:
                     choices[stage] = [list(chosen_items[at + m * n:at + (m + 1) * n]) for m in range(self.micro_batches)]
             pass_bytes[stage] = max(plan.pass_bytes[at:at + span], default=0)
             at += span
-        chosen = RankPlan(key, costs, plan, pass_bytes, checkpointed, selective, plan.blocks_bytes,
-                          self.memory_budget - plan.blocks_bytes)
+        chosen = RankPlan(key, costs, plan, pass_bytes, checkpointed, selective)
         self._plans[key] = chosen
         self._use(chosen)
         _log.info("%s", describe(chosen, self.memory_budget))
@@ -363,5 +366,5 @@ def describe(plan: RankPlan, memory_budget: int) -> str:
     stages = "; ".join(stage(s, ck) for s, ck in plan.checkpointed.items())
     where = " where they hold the most" if plan.plan.moment_bytes else ""
     return (f"prefire.pipelining: memory budget {memory_budget} bytes: {stages}; the blocks hold at most "
-            f"{plan.blocks_bytes} bytes, with the passes {plan.plan.peak_bytes}, the sessions may hold "
+            f"{plan.plan.blocks_bytes} bytes, with the passes {plan.plan.peak_bytes}, the sessions may hold "
             f"{plan.session_bytes}{where}; recomputes {plan.plan.recompute_seconds * 1e3:.3f} ms per micro-batch")

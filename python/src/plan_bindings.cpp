@@ -23,7 +23,8 @@ namespace {
 // FIELDS named here, so adding a field is never a silent shift of the ones
 // after it. from_dict raises naming a field that is missing or unknown (a
 // file written before a field existed is refused, not misread); a Choice is
-// written as its name.
+// written as its name. Each field is named once here (Fields::field: its
+// attribute and its place in FIELDS), and once in its constructor's keywords.
 template <typename T>
 void by_name(py::class_<T>& cls, const char* type, std::vector<std::string> fields) {
   py::tuple names(fields.size());
@@ -84,6 +85,25 @@ void by_name(py::class_<T>& cls, const char* type, std::vector<std::string> fiel
   });
 }
 
+/// The readonly attributes of a class bound by name, each added to its FIELDS.
+template <typename T>
+class Fields {
+ public:
+  Fields(py::class_<T>& cls, const char* type) : cls_(cls), type_(type) {}
+  template <typename M>
+  Fields& field(const char* name, M T::*member) {
+    cls_.def_readonly(name, member);
+    names_.emplace_back(name);
+    return *this;
+  }
+  void done() { by_name(cls_, type_, names_); }
+
+ private:
+  py::class_<T>& cls_;
+  const char* type_;
+  std::vector<std::string> names_;
+};
+
 }  // namespace
 
 void bind_plan(py::module_& m) {
@@ -116,24 +136,22 @@ void bind_plan(py::module_& m) {
            py::arg("in_flight") = 1, py::arg("group") = -1, py::arg("alive") = std::vector<int64_t>{},
            py::arg("done") = std::vector<int64_t>{}, py::arg("saved_after_bytes") = 0,
            py::arg("input_after_bytes") = 0, py::arg("selective_bytes") = -1, py::arg("selective_seconds") = 0.0,
-           py::arg("selective_after_bytes") = 0, py::arg("passes") = std::vector<int64_t>{})
-      .def_readonly("saved_bytes", &BlockCost::saved_bytes)
-      .def_readonly("input_bytes", &BlockCost::input_bytes)
-      .def_readonly("recompute_seconds", &BlockCost::recompute_seconds)
-      .def_readonly("in_flight", &BlockCost::in_flight)
-      .def_readonly("group", &BlockCost::group)
-      .def_readonly("alive", &BlockCost::alive)
-      .def_readonly("done", &BlockCost::done)
-      .def_readonly("saved_after_bytes", &BlockCost::saved_after_bytes)
-      .def_readonly("input_after_bytes", &BlockCost::input_after_bytes)
-      .def_readonly("selective_bytes", &BlockCost::selective_bytes)
-      .def_readonly("selective_seconds", &BlockCost::selective_seconds)
-      .def_readonly("selective_after_bytes", &BlockCost::selective_after_bytes)
-      .def_readonly("passes", &BlockCost::passes);
-  by_name(block_cost, "BlockCost",
-          {"saved_bytes", "input_bytes", "recompute_seconds", "in_flight", "group", "alive", "done",
-           "saved_after_bytes", "input_after_bytes", "selective_bytes", "selective_seconds", "selective_after_bytes",
-           "passes"});
+           py::arg("selective_after_bytes") = 0, py::arg("passes") = std::vector<int64_t>{});
+  Fields<BlockCost>(block_cost, "BlockCost")
+      .field("saved_bytes", &BlockCost::saved_bytes)
+      .field("input_bytes", &BlockCost::input_bytes)
+      .field("recompute_seconds", &BlockCost::recompute_seconds)
+      .field("in_flight", &BlockCost::in_flight)
+      .field("group", &BlockCost::group)
+      .field("alive", &BlockCost::alive)
+      .field("done", &BlockCost::done)
+      .field("saved_after_bytes", &BlockCost::saved_after_bytes)
+      .field("input_after_bytes", &BlockCost::input_after_bytes)
+      .field("selective_bytes", &BlockCost::selective_bytes)
+      .field("selective_seconds", &BlockCost::selective_seconds)
+      .field("selective_after_bytes", &BlockCost::selective_after_bytes)
+      .field("passes", &BlockCost::passes)
+      .done();
   py::class_<Plan> plan(m, "Plan", "A plan (prefire/plan.h): plan_for_budget's answer, or describe_plan's.");
   plan.def(py::init([](std::vector<Choice> choices, std::vector<bool> checkpointed, std::vector<bool> selective,
                        int64_t prefire_ahead, int64_t peak_bytes, double recompute_seconds, int64_t memory_budget,
@@ -153,21 +171,20 @@ void bind_plan(py::module_& m) {
            }),
            py::kw_only(), py::arg("choices"), py::arg("checkpointed"), py::arg("selective"),
            py::arg("prefire_ahead"), py::arg("peak_bytes"), py::arg("recompute_seconds"), py::arg("memory_budget"),
-           py::arg("blocks_bytes"), py::arg("pass_bytes"), py::arg("moment_bytes"), py::arg("room_bytes"))
-      .def_readonly("choices", &Plan::choices)
-      .def_readonly("checkpointed", &Plan::checkpointed)
-      .def_readonly("selective", &Plan::selective)
-      .def_readonly("prefire_ahead", &Plan::prefire_ahead)
-      .def_readonly("peak_bytes", &Plan::peak_bytes)
-      .def_readonly("recompute_seconds", &Plan::recompute_seconds)
-      .def_readonly("memory_budget", &Plan::memory_budget)
-      .def_readonly("blocks_bytes", &Plan::blocks_bytes)
-      .def_readonly("pass_bytes", &Plan::pass_bytes)
-      .def_readonly("moment_bytes", &Plan::moment_bytes)
-      .def_readonly("room_bytes", &Plan::room_bytes);
-  by_name(plan, "Plan",
-          {"choices", "checkpointed", "selective", "prefire_ahead", "peak_bytes", "recompute_seconds", "memory_budget",
-           "blocks_bytes", "pass_bytes", "moment_bytes", "room_bytes"});
+           py::arg("blocks_bytes"), py::arg("pass_bytes"), py::arg("moment_bytes"), py::arg("room_bytes"));
+  Fields<Plan>(plan, "Plan")
+      .field("choices", &Plan::choices)
+      .field("checkpointed", &Plan::checkpointed)
+      .field("selective", &Plan::selective)
+      .field("prefire_ahead", &Plan::prefire_ahead)
+      .field("peak_bytes", &Plan::peak_bytes)
+      .field("recompute_seconds", &Plan::recompute_seconds)
+      .field("memory_budget", &Plan::memory_budget)
+      .field("blocks_bytes", &Plan::blocks_bytes)
+      .field("pass_bytes", &Plan::pass_bytes)
+      .field("moment_bytes", &Plan::moment_bytes)
+      .field("room_bytes", &Plan::room_bytes)
+      .done();
   py::enum_<Release>(m, "Release")
       .value("AT_STEP_END", Release::kAtStepEnd)
       .value("IN_BACKWARD", Release::kInBackward);

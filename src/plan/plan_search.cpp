@@ -6,6 +6,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 // Note [Choosing a plan]
 // Recomputation is what a plan costs, so the best plan within a budget keeps
@@ -249,18 +250,19 @@ bool least_in_backward(const std::vector<BlockCost>& blocks, int64_t budget, Cho
 
 // The least budget some Release::kInBackward plan fits, and that plan (Note [The least plan]).
 int64_t least_bytes_in_backward(const std::vector<BlockCost>& blocks, Choices* plan) {
-  int64_t low = 0;                                                  // no plan fits below it
-  int64_t high = held(blocks, Choices(blocks.size(), kKeep), 0, Release::kInBackward);  // keeping all fits
+  *plan = Choices(blocks.size(), kKeep);
+  int64_t low = 0;                                            // no plan fits below it
+  int64_t high = held(blocks, *plan, 0, Release::kInBackward);  // *plan fits it
   while (low < high) {
     const int64_t mid = low + (high - low) / 2;
     Choices choices;
     if (least_in_backward(blocks, mid, &choices)) {
       high = mid;
+      *plan = std::move(choices);
     } else {
       low = mid + 1;
     }
   }
-  if (!least_in_backward(blocks, high, plan)) *plan = Choices(blocks.size(), kKeep);
   return high;
 }
 

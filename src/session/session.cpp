@@ -262,7 +262,9 @@ void end_session(SessionId id, const char* what, bool discard) {
     auto frame = registered.frame.lock();
     if (!frame) continue;
     if (discard) {
-      if (auto registration = frame->registration_in(*session->core)) registration->prefired.store(false, std::memory_order_relaxed);
+      if (auto registration = frame->registration_in(*session->core)) {
+        registration->prefired.store(false, std::memory_order_relaxed);
+      }
     }
     frame->unregister(*session->core);
   }

@@ -1,7 +1,8 @@
 """The package and the torch it was built against: the wheel's metadata
 depends on exactly that torch release, and importing prefire under another
 torch raises ImportError naming both (before the extension module loads,
-which would fail to link or crash)."""
+which would fail to link or crash); the type stubs name what the
+extension module has."""
 
 import os
 import subprocess
@@ -36,3 +37,20 @@ def test_import_under_another_torch_raises_a_clear_error():
     assert "ImportError" in result.stderr
     assert "prefire was built against torch " + torch.__version__ in result.stderr
     assert "imports torch 2.0.0+other" in result.stderr
+
+
+def test_the_type_stubs_name_what_the_extension_module_has():
+    """_C.pyi stays true: every class and function it declares is in
+    prefire._C, and every keyword a stubbed planner constructor takes is
+    accepted (the planner's types are keyword-only)."""
+    import ast
+
+    from prefire import _C
+
+    with open(os.path.join(os.path.dirname(_C.__file__), "_C.pyi")) as f:
+        stub = ast.parse(f.read())
+    names = [n.name for n in stub.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))]
+    assert names and [n for n in names if not hasattr(_C, n)] == []
+    for cls in (n for n in stub.body if isinstance(n, ast.ClassDef) and n.name in ("BlockCost", "Plan")):
+        init = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+        assert [a.arg for a in init.args.kwonlyargs] == list(getattr(_C, cls.name).FIELDS), cls.name
