@@ -2,9 +2,11 @@
 any rank count, the replay's arithmetic on durations chosen by hand, and a
 tiny 2-rank run of the program replayed with what it measured."""
 
+import json
+
 import pytest
 
-from prefire.pipeline_bench import run
+from prefire.pipeline_bench import run, simulate
 from prefire.pipeline_bench.config import SCHEDULES, RunConfig
 from prefire.pipeline_bench.model import ModelConfig
 from prefire.pipeline_bench.measured import _placement, measured_slack, step_costs, validate
@@ -194,10 +196,53 @@ def test_a_tiny_two_rank_run_replays_in_its_measured_order_and_near_its_measured
     # in W, far beyond none's nothing; session's one recomputation per block is too near both on the tiny model to
     # order under load (a full test run once replayed session 1.8 % above torch: 0.0911 s against 0.0895)
     assert rows["torch"]["simulated_step_s"] > rows["none"]["simulated_step_s"]
+    # the filler ran where its rules put it: each bubble prefire right before an action that waited on a receive
+    owner = _placement("interleaved-zb", 2)
+    prefires = 0
+    for rank, timeline in enumerate(tiny_run["timelines"]["bubble"]):
+        for step in timeline["steps"]:
+            events = sorted(step["events"], key=lambda e: e[3])
+            for i, event in enumerate(events):
+                if event[0] != "recompute-bubble":
+                    continue
+                prefires += 1
+                kind, stage, mb = next(tuple(e[:3]) for e in events[i:] if e[0] in ("F", "B", "W", "BW"))
+                sender = stage - 1 if kind == "F" else stage + 1
+                assert kind != "W" and 0 <= sender < 4 and owner(sender) != rank, (rank, event, (kind, stage, mb))
+    assert prefires > 0
     predicted = predict(tiny_run, "interleaved-zb", 4)
     assert predicted["micro_batches"] == 8 and set(predicted["step_s"]) == {"none", "torch", "session", "bubble"}
     assert predicted["step_s"]["bubble"] <= predicted["step_s"]["session"]
     assert no_children_left()
+
+
+def test_place_compares_the_rules_the_search_and_the_floor_on_a_measured_run(tiny_run, tmp_path, capsys):
+    run_path, out = tmp_path / "run.json", tmp_path / "place.json"
+    run_path.write_text(json.dumps(tiny_run))
+    assert simulate.main(["place", str(run_path), "--ranks", "2", "--schedules", "zbv,dualpipev",
+                          "--search-ranks", "2", "--json", str(out)]) == 0
+    assert "H search" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [(r["schedule"], r["world"]) for r in rows] == [("zbv", 2), ("dualpipev", 2)]
+    for row in rows:  # whatever the tiny run's noise: the search starts from the rules, and nothing beats the floor
+        assert row["floor_s"] <= row["search_s"] + 1e-9 <= row["rules_s"] + 2e-9, row
+
+
+def test_a_full_backward_on_a_stage_that_splits_others_is_shortened_by_its_own_recomputation():
+    """DualPipeV runs some micro-batches' backward whole and splits others'
+    on the same stage; a first stage's B recomputes nothing (its W does): a
+    prefired full backward there takes its whole recomputation less."""
+    orders = [[("F", 0, 0), ("F", 0, 1), ("BW", 0, 0), ("B", 0, 1), ("W", 0, 1)],
+              [("F", 1, 0), ("F", 1, 1), ("BW", 1, 0), ("BW", 1, 1)]]
+    costs = Costs({"none": {("F", 0): 1.0, ("B", 0): 0.0, ("W", 0): 2.0, ("BW", 0): 2.0,
+                            ("F", 1): 1.0, ("BW", 1): 1.0},
+                   "session": {("F", 0): 1.0, ("B", 0): 0.0, ("W", 0): 3.0, ("BW", 0): 3.0,
+                               ("F", 1): 1.0, ("BW", 1): 1.0}},
+                  {0: 0.5, 1: 0.5}, {0: 2, 1: 0}, 0.0, 0.0)
+    placed = replay(orders, lambda s: s, 2, costs, "placed", placement={("F", 0, 1): [(0, 0, 2)]})
+    took = {e[:3]: e[4] - e[3] for e in placed.events[0] if e[0] in ("BW", "B", "W")}
+    assert took[("BW", 0, 0)] == pytest.approx(2.0)  # 3.0 less both checkpoints
+    assert took[("W", 0, 1)] == pytest.approx(3.0)   # micro-batch 1 was not prefired
 
 
 def test_an_overlapped_action_sends_what_its_parts_produced_after_its_last_part():

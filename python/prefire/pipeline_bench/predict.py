@@ -11,6 +11,7 @@ from .._hook_points import Action
 from .config import SCHEDULES
 from .replay import Costs, KINDS, REPLAYED, overlaps, rank_orders, replay
 from .measured import _placement, _step_durations, _steps, measured_costs
+from .placement import Pipeline, floor_s
 
 
 def _positions(costs: Costs, n_stages: int) -> Dict[str, Dict[str, float]]:
@@ -99,7 +100,9 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
     a measured run's durations, every measured step replayed with its own
     (``scaled_steps``; bubble mode with session mode's): step per mode (the
     median over steps), its ratios to torch's checkpoint, the bubble
-    fraction (the mean) and H (Note [What the simulator replays])."""
+    fraction (the mean), H (Note [What the simulator replays]), the most H
+    any placement allows (the floor of Note [Where recomputation can run],
+    the median over the steps) and all waits over all recomputation."""
     cfg = summary["config"]
     measured_stages = SCHEDULES[cfg["schedule"]][1] * cfg["world"]
     costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
@@ -111,6 +114,8 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
                    for instance in scaled_steps(summary, "session" if mode == "bubble" else mode, schedule, world)]
             for mode in modes}
     step = {mode: statistics.median(r.step_s for r in replays) for mode, replays in runs.items()}
+    floor = statistics.median(floor_s(Pipeline(orders, placement, n_stages, dataclasses.replace(costs, instance=i),
+                                               groups)) for i in scaled_steps(summary, "session", schedule, world))
     waits = {mode: statistics.mean(sum(r.wait_s) for r in replays) for mode, replays in runs.items()}
     lazy = step["session"] - step["none"]
     # all ranks' recomputation in session mode against all their waits: H can be no larger
@@ -121,6 +126,7 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
         "bubble_fraction": {mode: statistics.mean(r.bubble_fraction() for r in replays)
                             for mode, replays in runs.items()},
         "hidden_fraction": (step["session"] - step["bubble"]) / lazy if "bubble" in step and lazy > 0 else None,
-        "hidden_fraction_bound": min(1.0, waits["session"] / recompute) if recompute > 0 else None,
+        "waits_over_recompute": min(1.0, waits["session"] / recompute) if recompute > 0 else None,
+        "hidden_fraction_max": max(0.0, (step["session"] - floor) / lazy) if lazy > 0 else None,
         "prefire_s": statistics.mean(sum(r.prefire_s) for r in runs["bubble"]) if "bubble" in runs else None,
     }

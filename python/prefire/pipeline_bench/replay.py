@@ -51,6 +51,11 @@ reports completion only once waited on, so the runtime does). A
 micro-batch's passes then take less by what was prefired: its B first,
 then its W (a first stage's B computes no input gradient, its W
 recomputes), each down to what it takes without checkpoints.
+Mode placed replays session's durations with recompute actions of
+their own where a placement puts them (before an action: the rank runs
+them when it reaches the action, then the action as soon as what it
+consumes is there; Note [Where recomputation can run] in placement.py),
+the passes shortened as in bubble mode.
 ``validate`` replays bubble mode twice: by these rules, from the steps of
 session mode of the same index (the program runs the modes' steps in
 turn, so those ran beside them) and the recorded slack; and as it ran
@@ -86,6 +91,8 @@ from .config import SCHEDULES, stage_indices
 StageMicroBatch = Tuple[int, int]  # (stage, micro-batch)
 KINDS = ("F", "B", "W", "BW")
 REPLAYED = ("none", "torch", "session", "bubble")
+#: recomputation placed as actions of their own: before an action, (stage, micro-batch, checkpoints) to recompute
+Placement = Dict[Action, List[Tuple[int, int, int]]]
 
 
 class _StandInStage:
@@ -192,20 +199,23 @@ class Replay:
 
 def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
            mode: str, groups: Sequence[Tuple[Action, ...]] = (),
-           slack: Optional[Dict[Action, float]] = None) -> Replay:
+           slack: Optional[Dict[Action, float]] = None, placement: Optional[Placement] = None) -> Replay:
     """Replays one step (Note [What the simulator replays]); ``groups``:
     actions whose outputs are sent together after the last of them
     (``overlaps``); ``slack``: bubble mode's, per receiving action (what
     the runtime learned, ``measured_slack``); without it, bubble mode first
-    replays session mode and takes its waits."""
+    replays session mode and takes its waits; ``placement``: placed mode's
+    recompute actions."""
     if mode == "bubble" and slack is None:
-        slack = _replay(orders, stage_rank, n_stages, costs, "session", {}, groups).waited
-    return _replay(orders, stage_rank, n_stages, costs, mode, slack or {}, groups)
+        slack = _replay(orders, stage_rank, n_stages, costs, "session", {}, groups, {}).waited
+    return _replay(orders, stage_rank, n_stages, costs, mode, slack or {}, groups, placement or {})
 
 
 def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
-            mode: str, slack: Dict[Tuple[str, int, int], float], groups: Sequence[Tuple[Action, ...]]) -> Replay:
-    durations = costs.action["session" if mode == "bubble" else mode]
+            mode: str, slack: Dict[Tuple[str, int, int], float], groups: Sequence[Tuple[Action, ...]],
+            placement: Placement) -> Replay:
+    prefires = mode in ("bubble", "placed")
+    durations = costs.action["session" if prefires else mode]
     world = len(orders)
     end: Dict[Tuple[str, int, int], float] = {}   # ("F" or "back", stage, micro-batch) -> when it ended
     sent: Dict[Tuple[str, int, int], float] = {}  # ... -> when its output left for another rank
@@ -218,6 +228,18 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
     waited: Dict[Action, float] = {}               # before which action, how long
     left: Dict[StageMicroBatch, int] = {}                       # bubble: checkpoints not prefired yet
     events: List[List[Tuple[str, int, int, float, float]]] = [[] for _ in range(world)]
+    placed: set = set()
+
+    def run_checkpoints(rank: int, key: StageMicroBatch, now: float, count: int) -> float:
+        """A placed recompute action: up to ``count`` of ``key``'s checkpoints not recomputed yet."""
+        stage, mb = key
+        remaining = left.setdefault(key, costs.checkpoints.get(stage, 0))
+        for _ in range(min(count, remaining)):
+            events[rank].append(("recompute-placed", stage, mb, now, now + costs.checkpoint[stage]))
+            now += costs.checkpoint[stage]
+            prefire[rank] += costs.checkpoint[stage]
+        left[key] = max(0, remaining - count)
+        return now
 
     def prefire_all(rank: int, key: StageMicroBatch, now: float, until: float) -> float:
         """Prefires ``key``'s checkpoints not prefired yet, one at a time
@@ -252,8 +274,10 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
             took = costs.instance.get((pass_kind, stage, mb), durations[(pass_kind, stage)])
             return max(0.0, took - costs.action["none"].get((pass_kind, stage), 0.0))
 
-        inside_b = recomputes("B" if ("B", stage) in durations else "BW")
-        if kind in ("B", "BW"):
+        if kind == "BW":  # a full backward, even on a stage that splits other micro-batches' (DualPipeV)
+            return min(prefired, recomputes("BW"))
+        inside_b = recomputes("B")
+        if kind == "B":
             return min(prefired, inside_b)
         return min(max(0.0, prefired - inside_b), recomputes("W"))
 
@@ -264,6 +288,10 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
             while at[rank] < len(orders[rank]):
                 kind, stage, mb = orders[rank][at[rank]]
                 action = (kind, stage, mb)
+                if action in placement and action not in placed:  # recompute actions placed before it
+                    placed.add(action)
+                    for r_stage, r_mb, count in placement[action]:
+                        free[rank] = run_checkpoints(rank, (r_stage, r_mb), free[rank], count)
                 dep = _consumes(action, n_stages)
                 received = dep is not None and stage_rank(dep[1]) != stage_rank(stage)
                 if dep is not None and dep not in (sent if received else end):
@@ -281,7 +309,7 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                     events[rank].append(("wait", stage, mb, start, ready))
                     start = ready
                 took = costs.instance.get(action, durations[(kind, stage)]) + costs.overhead
-                if mode == "bubble" and kind != "F":
+                if prefires and kind != "F":
                     took -= shorter(kind, stage, mb)
                 free[rank] = start + took
                 end[_produced(action)] = free[rank]

@@ -4,12 +4,13 @@ would measure on more ranks than this machine can time.
     python -m prefire.pipeline_bench --schedule zbv --modes none,torch,session,bubble --json zbv.json
     python -m prefire.pipeline_bench.simulate validate zbv.json
     python -m prefire.pipeline_bench.simulate predict zbv.json --ranks 4,8,16
+    python -m prefire.pipeline_bench.simulate place zbv.json --ranks 2,4,8,16
     python -m prefire.pipeline_bench.sweep --json sweep.json
     python -m prefire.pipeline_bench.simulate search sweep.json
 
 The replay: replay.py (Note [What the simulator replays]); costs from a
-run and ``validate``: measured.py; ``predict``: predict.py; ``search``:
-plan_search.py.
+run and ``validate``: measured.py; ``predict``: predict.py; ``place``
+(where recomputation can run): placement.py; ``search``: plan_search.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any, Dict, List, Optional
 
 from .measured import validate
 from .predict import predict
+from .placement import compare
 from .plan_search import search
+
 
 def _read(path: str) -> Dict[str, Any]:
     with open(path) as f:
@@ -40,6 +43,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     pr.add_argument("--ranks", default="4,8,16")
     pr.add_argument("--json", metavar="PATH", help="write the predictions as JSON")
     pr.add_argument("--plot", metavar="PATH", help="plot step time / torch's and H against ranks")
+    pl = sub.add_parser("place", help="where recomputation can run: the filler's rules, a search over placements "
+                                      "and the most any placement allows, per schedule and ranks")
+    pl.add_argument("runs", nargs="+", metavar="SUMMARY.json")
+    pl.add_argument("--ranks", default="2,4,8,16")
+    pl.add_argument("--schedules", default="zbv,interleaved-zb,dualpipev,interleaved-1f1b",
+                    help="schedules to place (each from the first run given; durations scale as predict's)")
+    pl.add_argument("--search-ranks", type=int, default=8, metavar="N",
+                    help="search placements up to N ranks (the search takes minutes at 16)")
+    pl.add_argument("--ahead", type=int, default=None, metavar="N",
+                    help="the search holds at most N checkpoints per rank recomputed before their pass")
+    pl.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     se = sub.add_parser("search", help="a memory sweep's plans against the fastest per-block plan within each "
                                        "budget (python -m prefire.pipeline_bench.sweep --json)")
     se.add_argument("runs", nargs="+", metavar="SWEEP.json")
@@ -57,6 +71,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                       f"{row['best_s'] * 1e3:8.1f} {row['chosen_s'] * 1e3:10.1f} {row['chosen_over_best']:12.3f} "
                       f"{row['measured_s'] * 1e3:11.1f}  {letters(row['best'])} / {letters(row['chosen'])}")
         return 0
+    if a.command == "place":
+        return _place(summaries[0], a)
     if a.command == "validate":
         print(f"{'schedule':18} {'mode':13} {'step ms':>8} {'replay':>8} {'diff':>6}   "
               f"{'bubble ms (steps min-max)':>26} {'replay':>8} {'diff':>6}")
@@ -79,7 +95,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    for schedule in schedules for world in ranks]
     print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks)")
     print(f"{'schedule':18} {'ranks':>5} {'none/torch':>10} {'session/torch':>13} {'bubble/torch':>12} "
-          f"{'bubble frac (session)':>21} {'H':>6} {'H bound':>8}")
+          f"{'bubble frac (session)':>21} {'H':>6} {'H max':>6} {'waits/recomp':>12}")
 
     def fmt(value: Optional[float], digits: int) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
@@ -88,12 +104,34 @@ def main(argv: Optional[List[str]] = None) -> int:
         ratio = row["ratio_to_torch"]
         print(f"{row['schedule']:18} {row['world']:5d} {ratio['none']:10.3f} {ratio['session']:13.3f} "
               f"{fmt(ratio.get('bubble'), 3):>12} {row['bubble_fraction']['session']:21.3f} "
-              f"{fmt(row['hidden_fraction'], 2):>6} {fmt(row['hidden_fraction_bound'], 2):>8}")
+              f"{fmt(row['hidden_fraction'], 2):>6} {fmt(row['hidden_fraction_max'], 2):>6} "
+              f"{fmt(row['waits_over_recompute'], 2):>12}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(predictions, f, indent=1)
     if a.plot:
         plot(predictions, a.plot)
+    return 0
+
+
+def _place(summary: Dict[str, Any], a: argparse.Namespace) -> int:
+    print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks; median durations)")
+    print(f"{'schedule':18} {'ranks':>5} {'H rules':>8} {'H search':>9} {'H max':>6} {'waits/recomp':>12} "
+          f"{'held rules':>10} {'held search':>11} {'bubble/session':>14}")
+    rows = []
+    for schedule in a.schedules.split(","):
+        for world in (int(r) for r in a.ranks.split(",") if r):
+            row = compare(summary, schedule, world, a.ahead, searched=world <= a.search_ranks)
+            rows.append(row)
+            h = row["hidden"]
+            best = row.get("search_s", row["rules_s"])
+            print(f"{schedule:18} {world:5d} {h['rules']:8.3f} "
+                  f"{(format(h['search'], '9.3f') if 'search' in h else '-'.rjust(9))} {h['max']:6.3f} "
+                  f"{row['waits_over_recompute']:12.2f} {row['rules_held']:10d} "
+                  f"{str(row.get('search_held', '-')):>11} {best / row['session_s']:14.3f}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([{k: v for k, v in r.items() if k != "placement"} for r in rows], f, indent=1)
     return 0
 
 

@@ -1,0 +1,233 @@
+"""Where a rank's recomputation can run (``python -m prefire.pipeline_bench.simulate place``):
+the filler's rules, a search over placements, and the most any placement
+could hide.
+
+Note [Where recomputation can run]
+A checkpoint's recomputation may run on its rank at any point after its
+micro-batch's forward and before the pass that reads it; wherever it runs,
+it holds its bytes from then on. The replay models that as recompute
+actions of their own (mode "placed", replay.py): before an action of the
+rank's order, (stage, micro-batch, count) checkpoints run back to back when
+the rank reaches that action, whether what the action consumes is there or
+not, so placed before an action that waits they fill the wait, placed
+before one that does not they delay it. Three placements are compared,
+each replayed with the same (median) durations:
+
+* the rules of Note [Filling bubbles] (the runtime's), as bubble mode
+  replays them with the exact slack (session mode's waits), and recorded
+  as a placement (``rules_placement``): replaying it in mode "placed" gives
+  the same timeline;
+* a search (``search``) that starts from the rules' placement and moves one
+  checkpoint at a time to any point between its forward and its pass (or
+  back into the pass), keeping a move when the step ends earlier or, at
+  the same step, the ranks' forwards and backwards end earlier in sum (the
+  step is the slowest rank's, so a move that helps another rank first shows
+  there); until a sweep over every checkpoint moves none. Optionally at
+  most ``ahead`` checkpoints per rank recomputed before their pass at once
+  (a memory plan's room, in checkpoints);
+* the floor (``floor_s``): no placement, and no order of the rank's actions,
+  ends a step before every rank has done session mode's work after its
+  first input arrived. A prefire moves recomputation; it never removes it
+  (a pass shortens by at most what was prefired, Note [What the simulator
+  replays]). And a rank's first input arrives after the forwards of the
+  ranks before it, which hold no recomputation. So the step is at least,
+  over the ranks, the start of the rank's first action in session mode's
+  replay plus all of its actions in session mode (with the rank's own time
+  per action), plus the step's ending. ``H max = (session - floor) /
+  (session - none)``.
+
+The floor is what bounds H, not the waits: a rank's waits before its first
+forward (the forward chain reaching it) are bubbles no recomputation can
+use, since nothing is forwarded yet, and with micro-batches twice the ranks
+a rank's waits after that are short beside its recomputation. So "all
+waits / all recomputation" (the column the program printed as the bound
+before) overstates what any filler can reach. Measured (docs/benchmarks.md,
+"Where recomputation can run"): the search gains at most a few hundredths
+of H over the rules, and the floor keeps ZBV and interleaved zero bubble
+under H = 0.4 at 4-16 ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .._hook_points import Action
+from .replay import Costs, Placement, Replay, replay
+
+PASSES = ("B", "BW")
+
+
+@dataclass
+class Pipeline:
+    """One schedule on a number of ranks, as the replay takes it."""
+
+    orders: Sequence[Sequence[Action]]
+    stage_rank: Callable[[int], int]
+    n_stages: int
+    costs: Costs
+    groups: Sequence[Tuple[Action, ...]] = ()
+
+    def run(self, mode: str, placement: Optional[Placement] = None) -> Replay:
+        return replay(self.orders, self.stage_rank, self.n_stages, self.costs, mode, self.groups,
+                      placement=placement)
+
+
+def rules_placement(bubble: Replay) -> Placement:
+    """The bubble rules' prefires in a bubble-mode replay, as a placement:
+    each one before the action that followed it on its rank."""
+    placement: Placement = {}
+    for events in bubble.events:
+        pending: List[Tuple[int, int, int]] = []
+        for kind, stage, mb, _, _ in events:
+            if kind == "recompute-bubble":
+                pending.append((stage, mb, 1))
+            elif kind != "wait" and pending:
+                placement.setdefault((kind, stage, mb), []).extend(pending)
+                pending = []
+    return placement
+
+
+def floor_s(pipeline: Pipeline) -> float:
+    """The earliest any placement can end the step (Note [Where
+    recomputation can run])."""
+    costs = pipeline.costs
+    session = pipeline.run("session")
+    durations = costs.action["session"]
+    ends = []
+    for rank, order in enumerate(pipeline.orders):
+        first = next(e[3] for e in session.events[rank] if e[0] != "wait")
+        work = sum(costs.instance.get(a, durations[(a[0], a[1])]) + costs.overhead for a in order)
+        ends.append(first + work)
+    return max(ends) + costs.tail
+
+
+def held_ahead(result: Replay) -> List[int]:
+    """Per rank, the most checkpoints recomputed by placed actions and not
+    yet read by their pass at one time."""
+    out = []
+    for events in result.events:
+        passes = {(stage, mb): begin for kind, stage, mb, begin, _ in events if kind in PASSES}
+        moments: List[Tuple[float, int]] = []
+        for kind, stage, mb, begin, end in events:
+            if kind == "recompute-placed":  # one event per checkpoint
+                moments.append((begin, 1))
+                moments.append((passes.get((stage, mb), end), -1))
+        held = most = 0
+        for _, change in sorted(moments, key=lambda m: (m[0], m[1])):
+            held += change
+            most = max(most, held)
+        out.append(most)
+    return out
+
+
+def _objective(result: Replay) -> Tuple[float, float]:
+    return (round(result.step_s, 9),
+            sum(e[4] for events in result.events for e in events if e[0] in ("F",) + PASSES))
+
+
+def _take_one(placement: Placement, stage: int, mb: int) -> Tuple[Placement, bool]:
+    """``placement`` less one of ``(stage, mb)``'s placed checkpoints (the
+    first found), and whether there was one."""
+    out = copy.deepcopy(placement)
+    for action, items in out.items():
+        for i, (s, m, count) in enumerate(items):
+            if (s, m) == (stage, mb):
+                if count > 1:
+                    items[i] = (s, m, count - 1)
+                else:
+                    del items[i]
+                if not items:
+                    del out[action]
+                return out, True
+    return out, False
+
+
+def search(pipeline: Pipeline, start: Optional[Placement] = None, ahead: Optional[int] = None,
+           every_point: bool = False, sweeps: int = 4) -> Tuple[Placement, Replay]:
+    """A local search over placements (Note [Where recomputation can run]):
+    from ``start``, one checkpoint at a time, to the point that ends the
+    step earliest. Candidate points: before the actions between the
+    checkpoint's forward and its pass that waited, or are a W, or the pass
+    itself (``every_point``: before every action in between). ``ahead``:
+    at most this many checkpoints per rank recomputed before their pass."""
+    def fits(result: Replay) -> bool:
+        return ahead is None or max(held_ahead(result)) <= ahead
+
+    placement = copy.deepcopy(start or {})
+    current = pipeline.run("placed", placement)
+    if not fits(current):
+        placement, current = {}, pipeline.run("placed", {})
+    best = _objective(current)
+    for _ in range(sweeps):
+        moved = 0
+        for order in pipeline.orders:
+            index = {action: i for i, action in enumerate(order)}
+            for kind, stage, mb in order:
+                if kind not in PASSES:
+                    continue
+                first, last = index[("F", stage, mb)] + 1, index[(kind, stage, mb)]
+                for slot in range(pipeline.costs.checkpoints.get(stage, 0)):
+                    # the first slots move a placed checkpoint, the others place one its pass recomputes
+                    placed = sum(n for items in placement.values() for s, m, n in items if (s, m) == (stage, mb))
+                    rest, had = _take_one(placement, stage, mb) if slot < placed else (placement, False)
+                    chosen = None
+                    if had:  # back into its pass
+                        result = pipeline.run("placed", rest)
+                        if _objective(result) < best:
+                            best, chosen = _objective(result), (rest, result)
+                    points = [order[i] for i in range(first, last + 1)
+                              if every_point or i == last or order[i][0] == "W" or current.waited.get(order[i], 0) > 0]
+                    for point in points:
+                        trial = copy.deepcopy(rest)
+                        trial.setdefault(point, []).append((stage, mb, 1))
+                        result = pipeline.run("placed", trial)
+                        got = _objective(result)
+                        if got < best and fits(result):
+                            best, chosen = got, (trial, result)
+                    if chosen is not None:
+                        placement, current = chosen
+                        moved += 1
+        if not moved:
+            break
+    return placement, current
+
+
+def compare(summary: Dict, schedule: str, world: int, ahead: Optional[int] = None,
+            searched: bool = True) -> Dict:
+    """``schedule`` on ``world`` ranks (micro-batches twice the ranks, the
+    measured run's median durations scaled as ``predict`` scales them): H
+    of the rules, of the search (``searched``), the most any placement
+    allows (the floor) and all waits over all recomputation."""
+    from .config import SCHEDULES
+    from .measured import _placement, measured_costs
+    from .predict import scaled_costs
+    from .replay import overlaps, rank_orders
+
+    cfg = summary["config"]
+    measured_stages = SCHEDULES[cfg["schedule"]][1] * cfg["world"]
+    n_stages = SCHEDULES[schedule][1] * world
+    pipeline = Pipeline(rank_orders(schedule, world, 2 * world), _placement(schedule, world), n_stages,
+                        scaled_costs(measured_costs(summary), measured_stages, schedule, world),
+                        overlaps(schedule, world, 2 * world))
+    session, none = pipeline.run("session"), pipeline.run("none")
+    lazy = session.step_s - none.step_s
+
+    def hidden(step_s: float) -> Optional[float]:
+        return (session.step_s - step_s) / lazy if lazy > 0 else None
+
+    recompute = sum(pipeline.costs.checkpoints[s] * pipeline.costs.checkpoint[s]
+                    for order in pipeline.orders for kind, s, _ in order if kind in PASSES)
+    row = {"schedule": schedule, "world": world, "micro_batches": 2 * world, "ahead": ahead,
+           "session_s": session.step_s, "none_s": none.step_s, "floor_s": floor_s(pipeline),
+           "waits_over_recompute": min(1.0, sum(session.wait_s) / recompute) if recompute else None}
+    rules = rules_placement(pipeline.run("bubble"))
+    rules_run = pipeline.run("placed", rules)
+    row.update(rules_s=rules_run.step_s, rules_held=max(held_ahead(rules_run)),
+               hidden={"rules": hidden(rules_run.step_s), "max": hidden(row["floor_s"])})
+    if searched:
+        placement, found = search(pipeline, rules, ahead)
+        row.update(search_s=found.step_s, search_held=max(held_ahead(found)), placement=placement)
+        row["hidden"]["search"] = hidden(found.step_s)
+    return row
