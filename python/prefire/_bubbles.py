@@ -36,6 +36,27 @@ waited on (``is_completed()`` is False before ``wait()`` however long ago
 the data came); backends that report arrival also stop the prefires early
 through ``is_completed()``.
 
+Note [Running a placement]
+``enable(schedule, bubble=True, placement=P)`` replaces both rules with a
+placement: before each action of the rank's order that ``P`` names, the
+(stage, micro-batch, count) checkpoints it lists are prefired, last block
+first, whatever the wait -- the recompute actions of the simulator's mode
+"placed" (Note [Where recomputation can run] in
+prefire/pipeline_bench/placement.py, whose search writes such a ``P`` for a
+schedule, a rank count and measured durations). An action that pops a
+receive runs them at the pop, before the wait; any other at the start of
+its stage method (the wrappers of Note [Where prefire hooks into a pipeline
+schedule]): no hook point beyond the two the rules use. Why both exist: the
+rules need nothing but the schedule and learn each wait as it is on this
+machine; a placement is what the simulator found from one run's durations,
+and where the search reaches further than the rules (DualPipeV,
+docs/benchmarks.md) it is the way to run that. Placed prefires run from the
+second training step (the first infers shapes), never in ``eval()`` steps,
+through the same budget (Note [A rank's byte budget]) and FSDP2 rule as
+the rules'. ``enable`` checks the placement against the rank's order:
+every named action is one of the rank's, every listed micro-batch's
+forward runs before it and its backward (B or full) not before it.
+
 On a stage that holds FSDP2 modules a prefire may all-gather (Note
 [Prefire of FSDP2-sharded blocks] in _fsdp.py): a collective that every
 rank of the FSDP group must issue at the same point, where the ranks' waits
@@ -51,22 +72,62 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _C
-from ._hook_points import rank_actions
+from ._hook_points import Action, rank_actions
 
 _ENDED_AT_ONCE_S = 1e-4
 
 WaitPoint = Tuple[str, int, int]
+#: before an action of the rank's order, (stage, micro-batch, count) checkpoints to prefire
+Placement = Dict[Action, List[Tuple[int, int, int]]]
+
+
+def check_placement(placement: Any, order: Optional[List[Action]]) -> Placement:
+    """``placement`` as a dict of lists, after checking it against the
+    rank's ``order`` of actions (Note [Running a placement]); ValueError
+    naming the first entry that does not fit."""
+    where = "prefire.pipelining.enable: placement"
+    if order is None:
+        raise ValueError(f"{where} needs a schedule that keeps an order of actions (one built on "
+                         "_PipelineScheduleRuntime)")
+    if not isinstance(placement, dict):
+        raise ValueError(f"{where} must be a dict from (kind, stage, micro-batch) to [(stage, micro-batch, count)], "
+                         f"got {type(placement).__name__}")
+    index = {action: i for i, action in enumerate(order)}
+    out: Placement = {}
+    for key, items in placement.items():
+        action = tuple(key) if isinstance(key, (tuple, list)) else key
+        if action not in index:
+            raise ValueError(f"{where} names {key!r}, not an action of this rank's order (its actions are "
+                             f"(kind, stage, micro-batch) with kind F, B, W or BW)")
+        checked = []
+        for item in items:
+            if not (isinstance(item, (tuple, list)) and len(item) == 3 and all(type(v) is int for v in item)
+                    and item[2] >= 1):
+                raise ValueError(f"{where}[{key!r}] lists {item!r}; each entry is (stage, micro-batch, count) of ints "
+                                 "with count >= 1")
+            stage, mb, count = item
+            forward = index.get(("F", stage, mb))
+            backward = index.get(("B", stage, mb), index.get(("BW", stage, mb)))
+            if forward is None or backward is None:
+                raise ValueError(f"{where}[{key!r}] lists stage {stage} micro-batch {mb}, which this rank does not "
+                                 "run forward and backward")
+            if not forward < index[action] <= backward:
+                raise ValueError(f"{where}[{key!r}] prefires stage {stage} micro-batch {mb} outside its forward and "
+                                 "backward: a checkpoint can be recomputed only after the first and before the second")
+            checked.append((stage, mb, count))
+        out[action] = checked
+    return out
 
 
 class BubbleFiller:
     """The bubble prefires of one rank's schedule (Note [Filling bubbles])."""
 
     def __init__(self, schedule, pending: Callable[[int, int], Optional[Any]], stats, prefire=_C.prefire,
-                 clock=time.monotonic, warmup_steps: int = 3) -> None:
+                 clock=time.monotonic, warmup_steps: int = 3, placement: Optional[Placement] = None) -> None:
         """``pending(stage_index, micro_batch)``: that micro-batch's
         ``_MicroBatch`` (session, handles, prefired) or None; ``prefire``
         and ``clock`` are ``prefire.prefire`` and ``time.monotonic`` (a test
-        passes its own)."""
+        passes its own); ``placement``: Note [Running a placement]."""
         self.schedule = schedule
         self.prefire = prefire
         self.clock = clock
@@ -80,6 +141,10 @@ class BubbleFiller:
         self.training = True                      # the current step has a backward (not schedule.eval())
         self.checkpoint_s: Optional[float] = None
         self._order: Optional[List[Tuple[int, int]]] = None
+        order = rank_actions(schedule)
+        self.placement = None if placement is None else check_placement(placement, order)
+        self.actions = set(order or ())
+        self.placed: set = set()                  # actions whose placed prefires ran this step
 
     def order(self) -> List[Tuple[int, int]]:
         """This rank's backward actions (B or full backward), in schedule order."""
@@ -89,6 +154,7 @@ class BubbleFiller:
 
     def new_step(self, training: bool = True) -> None:
         self.done.clear()
+        self.placed.clear()
         self.training = training
         if training:
             self.steps += 1
@@ -96,7 +162,26 @@ class BubbleFiller:
     def backward_started(self, stage_index: int, micro_batch: int) -> None:
         self.done.add((stage_index, micro_batch))
 
+    def before_action(self, action: Action) -> None:
+        """The rank is about to run ``action`` (its receive, if any, not
+        waited on yet): a placement's prefires before it (Note [Running a
+        placement])."""
+        if self.placement is None or action in self.placed or not self.training or self.steps <= 1:
+            return
+        self.placed.add(action)
+        begin = self.clock()
+        ran = 0
+        for stage, mb, count in self.placement.get(action, ()):
+            ran += self._fill((stage, mb), (), fits=lambda: True, limit=count)[0]
+        if ran:
+            self.stats.bubble_seconds += self.clock() - begin
+
     def before_wait(self, kind: str, stage_index: int, micro_batch: int, works: Sequence[Any]) -> None:
+        if self.placement is not None:
+            backward = ("B", stage_index, micro_batch)
+            self.before_action(("F", stage_index, micro_batch) if kind == "forward" else
+                               backward if backward in self.actions else ("BW", stage_index, micro_batch))
+            return
         point = (kind, stage_index, micro_batch)
         begin = self.clock()
         if not self.training or self.steps <= self.warmup_steps:
@@ -123,21 +208,24 @@ class BubbleFiller:
         if ran:
             self.spent[point] = spent
 
-    def _fill(self, target: Tuple[int, int], works: Sequence[Any], fits: Callable[[], bool]) -> Tuple[int, bool]:
+    def _fill(self, target: Tuple[int, int], works: Sequence[Any], fits: Callable[[], bool],
+              limit: Optional[int] = None) -> Tuple[int, bool]:
         """Prefires ``target``'s checkpoints, last block first, while the
         receive is pending and ``fits()``; returns how many it recomputed and
         whether it stopped for the receive or the time (not for running out
-        of checkpoints or budget). A micro-batch not ``ready()`` is passed
-        over (an FSDP2 stage not all gathered; Note [Filling bubbles])."""
+        of checkpoints or budget); at most ``limit`` prefires. A micro-batch
+        not ``ready()`` is passed over (an FSDP2 stage not all gathered;
+        Note [Filling bubbles])."""
         mb = self.pending(*target)
         if mb is not None and mb.ready is not None and not mb.ready():
             return 0, False  # its recomputation would all-gather (FSDP2): left to B
-        ran = 0
-        while mb is not None and mb.prefired < len(mb.handles):
+        ran = tried = 0
+        while mb is not None and mb.prefired < len(mb.handles) and (limit is None or tried < limit):
             if (works and all(w.is_completed() for w in works)) or not fits():
                 return ran, True
             handle = mb.handles[len(mb.handles) - 1 - mb.prefired]
             started = self.clock()
+            tried += 1
             status = self.prefire(handle, mb.session)
             if status == _C.PrefireStatus.REFUSED_OVER_BUDGET:
                 self.stats.bubble_refused += 1
@@ -152,6 +240,8 @@ class BubbleFiller:
         return ran, False
 
     def after_wait(self, kind: str, stage_index: int, micro_batch: int, begin: float, end: float) -> None:
+        if self.placement is not None:
+            return
         point = (kind, stage_index, micro_batch)
         spent = self.spent.pop(point, 0.0)
         waited = end - begin

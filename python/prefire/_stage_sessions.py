@@ -86,7 +86,7 @@ class _StageSessions:
         def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
             self.forwards += 1
             owner._check_steps_start(self)
-            owner.budget.ran(("F", stage.stage_index, fwd_chunk_id))
+            owner.before_action(("F", stage.stage_index, fwd_chunk_id))
             if not getattr(stage, "has_backward", True):  # schedule.eval(): no backward, nothing to recompute
                 return original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
             planner = owner.planner
@@ -104,7 +104,7 @@ class _StageSessions:
 
         def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
             full = is_full_backward(args, kwargs)
-            owner.budget.ran(("BW" if full else "B", stage.stage_index, bwd_chunk_id))
+            owner.before_action(("BW" if full else "B", stage.stage_index, bwd_chunk_id))
             if owner.bubbles is not None:
                 owner.bubbles.backward_started(stage.stage_index, bwd_chunk_id)
             # B keeps what it recomputed for W; a full backward is the last pass.
@@ -114,7 +114,7 @@ class _StageSessions:
             owner._action_done(stage.stage_index, bwd_chunk_id, last_pass=full)
 
         def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
-            owner.budget.ran(("W", stage.stage_index, bwd_chunk_id))
+            owner.before_action(("W", stage.stage_index, bwd_chunk_id))
             self.run_pass(bwd_chunk_id, False,
                           lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs), weight=True)
             owner._action_done(stage.stage_index, bwd_chunk_id, last_pass=True)

@@ -14,7 +14,8 @@ at the receive of a micro-batch's gradient, that micro-batch's checkpoints,
 which its backward, next, would recompute anyway; at any receive, those of
 the micro-batches whose backward comes next on it, for as long as the wait
 lasted when nothing was prefired. What is left is recomputed lazily by B.
-See Note [Filling bubbles] in ``_bubbles.py``.
+See Note [Filling bubbles] in ``_bubbles.py``; ``placement=`` runs the
+simulator's placement in place of these rules (Note [Running a placement]).
 
 With ``memory_budget=N``, the rank's blocks hold at most N bytes of
 activations: the first step measures them, the C++ planner chooses which
@@ -44,7 +45,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from . import _C
-from ._bubbles import BubbleFiller
+from ._bubbles import BubbleFiller, check_placement
 from ._budget import RankBudget
 from ._hook_points import (_check_hook_points, _check_torch_version, _receive_tables, _stages_of, let_go_of_graph,
                            on_receive_wait, rank_actions)
@@ -82,8 +83,10 @@ class Pipelining:
     """The prefire sessions of one schedule (made by :func:`enable`)."""
 
     def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int = 3,
-                 memory_budget: Optional[int] = None, selective: Any = None) -> None:
+                 memory_budget: Optional[int] = None, selective: Any = None, placement: Any = None) -> None:
         _check_budget(budget_bytes)
+        if placement is not None and not bubble:
+            raise ValueError("prefire.pipelining: placement= places bubble prefires; pass bubble=True with it")
         selective_policy = policy(selective)
         if selective_policy is not None and memory_budget is None:
             raise ValueError("prefire.pipelining: selective= is a choice of memory_budget's plan; pass "
@@ -100,6 +103,8 @@ class Pipelining:
         stages = _stages_of(schedule)
         _check_hook_points(stages, schedule)
         tables = _receive_tables(schedule) if bubble else []  # checks the schedule before anything is wrapped
+        if placement is not None:
+            placement = check_placement(placement, rank_actions(schedule))
         self.schedule = schedule
         self.first_stage = stages[0]
         self.budget = RankBudget(budget_bytes, self._open_sessions, lambda: rank_actions(schedule))
@@ -123,7 +128,7 @@ class Pipelining:
             raise
         if bubble:
             self.bubbles = BubbleFiller(schedule, self._pending, self._stats, prefire=self._bubble_prefire,
-                                        warmup_steps=bubble_warmup_steps)
+                                        warmup_steps=bubble_warmup_steps, placement=placement)
             self._remove_callbacks = on_receive_wait(schedule, before=self.bubbles.before_wait,
                                                      after=self.bubbles.after_wait)
 
@@ -143,6 +148,12 @@ class Pipelining:
             self._training_steps += 1
         if self.bubbles is not None:
             self.bubbles.new_step(training)
+
+    def before_action(self, action: Tuple[str, int, int]) -> None:
+        """A stage method is about to run ``action`` (kind, stage, micro-batch)."""
+        self.budget.ran(action)
+        if self.bubbles is not None:
+            self.bubbles.before_action(action)
 
     def _action_done(self, stage_index: int, micro_batch: int, last_pass: bool) -> None:
         """A backward action ran; ``last_pass``: the micro-batch's last pass on the stage."""
@@ -258,7 +269,8 @@ class Pipelining:
 
 
 def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None,
-           bubble_warmup_steps: int = 3, memory_budget: Optional[int] = None, selective: Any = None) -> Pipelining:
+           bubble_warmup_steps: int = 3, memory_budget: Optional[int] = None, selective: Any = None,
+           placement: Optional[Dict[Tuple[str, int, int], Any]] = None) -> Pipelining:
     """Gives each micro-batch's checkpoints a session shared by its backward
     passes, for every stage of ``schedule`` on this rank (see the module
     docstring). Call once, after building the schedule and before ``step``.
@@ -284,6 +296,14 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
             Raises ValueError at the end of the measuring step for a budget
             below the least any plan holds, naming it. Excludes
             ``budget_bytes``.
+        placement: with ``bubble=True``, the rank's bubble prefires as
+            recompute actions before named actions in place of the rules:
+            ``{(kind, stage, micro_batch): [(stage, micro_batch, count),
+            ...]}``, kind "F", "B", "W" or "BW"; the simulator's ``place``
+            command writes one (Note [Running a placement] in
+            ``_bubbles.py``). Raises ValueError for an entry outside the
+            rank's order or a micro-batch prefired outside its forward and
+            backward.
         selective: with ``memory_budget``, a third choice per block: a
             selective checkpoint (torch's SAC) that keeps the outputs of the
             ops a policy names and recomputes the rest. ``True``: matrix
@@ -308,4 +328,4 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
         A :class:`Pipelining`: ``stats()``, ``set_budget_bytes()``,
         ``disable()``.
     """
-    return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps, memory_budget, selective)
+    return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps, memory_budget, selective, placement)

@@ -400,9 +400,17 @@ def test_an_h_above_its_bound_is_reported_as_a_noisy_run_with_the_spread_across_
     assert summary["hidden_fraction"]["overall"] < 0
     assert "H below 0: bubble mode's step came out slower than session mode's" in table(summary)
 
+    rounds["placed"] = [ranks(0.8), ranks(0.85)]  # a placement's H has the same bound: 0.5 above 0.25 is noise
+    runs = {mode: ranks(per_round[0][0]["step_s"]) for mode, per_round in rounds.items()}
+    grads["placed"] = grads["bubble"]
+    summary = summarize({}, runs, grads, rounds)
+    assert abs(summary["hidden_fraction_placed"]["overall"] - 0.5) < 1e-9 and summary["noisy"]
+    assert "placed (the simulator's placement, not the rules): H = (session - placed) / (session - none): overall " \
+           "0.50 (rounds 0.50-0.52)" in table(summary)
+
 
 def test_the_program_says_every_flag_with_its_default_and_one_list_of_modes(capsys):
-    from prefire.pipeline_bench.config import MODES, SWEEP_MODES
+    from prefire.pipeline_bench.config import MODES, PLACED_MODE, SWEEP_MODES
     from prefire.pipeline_bench.main import main
 
     with pytest.raises(SystemExit) as exited:
@@ -410,14 +418,16 @@ def test_the_program_says_every_flag_with_its_default_and_one_list_of_modes(caps
     assert exited.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     for flag in ("--blocks", "--dim", "--heads", "--seq", "--vocab", "--batch", "--micro-batches", "--world",
-                 "--schedule", "--steps", "--rounds", "--warmup", "--budgets", "--timeout"):
+                 "--schedule", "--steps", "--rounds", "--warmup", "--budgets", "--timeout", "--placement"):
         option = text[text.rindex(flag + " "):]  # its help line, after the usage line
         assert "(default:" in option[:400], flag  # every flag says its default
-    assert "from: " + ", ".join(MODES + SWEEP_MODES) in text  # the modes the program accepts, all of them
+    known = MODES + (PLACED_MODE,) + SWEEP_MODES
+    # the modes the program accepts, all of them (argparse may wrap the list at a hyphen)
+    assert "from:" + ",".join(known) in "".join(text.split())
     with pytest.raises(SystemExit):
         main(["--modes", "lazy"])
     said = " ".join(capsys.readouterr().err.split())
-    assert "choose from " + ", ".join(MODES + SWEEP_MODES) in said
+    assert "choose from " + ", ".join(known) in said
 
 
 def test_the_old_program_name_says_what_replaced_it():
@@ -440,6 +450,13 @@ def test_program_rejects_what_it_cannot_run():
         run(RunConfig(model=TINY, schedule="1f1b", modes=("bubble",)))
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         run(RunConfig(model=TINY), rounds=0)
+    placement = {"schedule": "zbv", "world": 2, "micro_batches": TINY.micro_batches, "ranks": [[], []]}
+    with pytest.raises(ValueError, match="pass both --modes ...,placed and --placement"):
+        run(RunConfig(model=TINY, modes=("placed",)))
+    with pytest.raises(ValueError, match="pass both --modes ...,placed and --placement"):
+        run(RunConfig(model=TINY, modes=("bubble",), placement=placement))
+    with pytest.raises(ValueError, match="the placement was searched for .* this run is"):
+        run(RunConfig(model=TINY, schedule="dualpipev", modes=("placed",), placement=placement))
     for budgets in ((-0.5,), (), (0.5, 0.501)):
         with pytest.raises(ValueError, match="budgets must be distinct non-negative fractions"):
             run(RunConfig(model=TINY, budgets=budgets))

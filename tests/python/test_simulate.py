@@ -6,11 +6,13 @@ import json
 
 import pytest
 
+from prefire._bubbles import check_placement
 from prefire.pipeline_bench import run, simulate
 from prefire.pipeline_bench.config import SCHEDULES, RunConfig
 from prefire.pipeline_bench.model import ModelConfig
 from prefire.pipeline_bench.measured import _placement, measured_slack, step_costs, validate
 from prefire.pipeline_bench.predict import predict, scaled_steps
+from prefire.pipeline_bench.placement import check_placement_file, rank_placement
 from prefire.pipeline_bench.replay import Costs, overlaps, rank_orders, replay
 
 
@@ -226,6 +228,18 @@ def test_place_compares_the_rules_the_search_and_the_floor_on_a_measured_run(tin
     assert [(r["schedule"], r["world"]) for r in rows] == [("zbv", 2), ("dualpipev", 2)]
     for row in rows:  # whatever the tiny run's noise: the search starts from the rules, and nothing beats the floor
         assert row["floor_s"] <= row["search_s"] + 1e-9 <= row["rules_s"] + 2e-9, row
+    # the search's placement, for the pipeline program: one schedule and rank count, every rank's fits its order
+    placed = tmp_path / "placed.json"
+    assert simulate.main(["place", str(run_path), "--ranks", "2", "--schedules", "zbv,dualpipev",
+                          "--write-placement", str(placed)]) == 2
+    assert simulate.main(["place", str(run_path), "--ranks", "2", "--schedules", "dualpipev",
+                          "--write-placement", str(placed)]) == 0
+    data = json.loads(placed.read_text())
+    check_placement_file(data, "dualpipev", 2, 4)
+    with pytest.raises(ValueError, match="searched for"):
+        check_placement_file(data, "zbv", 2, 4)
+    for rank, order in enumerate(rank_orders("dualpipev", 2, 4)):
+        check_placement(rank_placement(data, rank), order)
 
 
 def test_a_full_backward_on_a_stage_that_splits_others_is_shortened_by_its_own_recomputation():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from torch.distributed import pipelining as pp
 
@@ -26,6 +26,9 @@ SCHEDULES = {
 #: also prefire in the bubbles; budget: bubble under a rank's byte budget,
 #: one run per fraction in ``RunConfig.budgets`` (a sweep)
 MODES = ("none", "torch", "session", "bubble", "budget")
+#: placed: prefire.checkpoint, sessions and the bubble prefires of ``RunConfig.placement`` in place of the
+#: filler's rules (Note [Running a placement])
+PLACED_MODE = "placed"
 #: the memory sweep's (``python -m prefire.pipeline_bench.sweep``): torch-every<n>:
 #: torch.utils.checkpoint on the blocks whose index is a multiple of n; plan:
 #: sessions under ``enable(schedule, memory_budget=...)``, one run per
@@ -63,6 +66,8 @@ class RunConfig:
     meter_blocks: bool = False
     timeout_s: float = 120.0
     eval_steps: int = 0            # schedule.eval() steps after training, counting the recomputations they run
+    #: placed mode: the simulator's placement (``simulate place --write-placement``), every rank's
+    placement: Optional[Dict[str, Any]] = None
 
     @staticmethod
     def from_json(text: str) -> "RunConfig":

@@ -16,9 +16,10 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .config import MODES, PLAN_MODES, SCHEDULES, SWEEP_MODES, RunConfig
+from .config import MODES, PLACED_MODE, PLAN_MODES, SCHEDULES, SWEEP_MODES, RunConfig
 from .launch import run_ranks
 from .model import ModelConfig, check_config, reference_gradients
+from .placement import check_placement_file
 from .report import TIMES, compare_gradients, plot, summarize, table
 
 
@@ -45,7 +46,7 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     if config.schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {config.schedule!r}; one of {', '.join(SCHEDULES)}")
     modes = config.modes
-    known = MODES + SWEEP_MODES
+    known = MODES + (PLACED_MODE,) + SWEEP_MODES
     unknown = [m for m in modes if m not in known]
     if unknown or not modes or len(set(modes)) != len(modes):
         raise ValueError(f"unknown or repeated modes {list(modes)}; choose from {', '.join(known)}")
@@ -68,7 +69,12 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
             raise ValueError(f"budgets must be distinct non-negative fractions (whole percents), got {list(fractions)}")
         if config.warmup < 1:
             raise ValueError("budget mode learns what a rank holds in warm-up: warmup must be at least 1")
-    if config.schedule == "1f1b" and {"bubble", "budget"} & set(modes):
+    if (PLACED_MODE in modes) != (config.placement is not None):
+        raise ValueError("placed mode runs a placement and a placement needs placed mode: pass both --modes ...,placed "
+                         "and --placement FILE (python -m prefire.pipeline_bench.simulate place --write-placement)")
+    if config.placement is not None:
+        check_placement_file(config.placement, config.schedule, world, config.model.micro_batches)
+    if config.schedule == "1f1b" and {"bubble", "budget", PLACED_MODE} & set(modes):
         raise ValueError("Schedule1F1B waits on a receive where it posts it: no bubble to prefire in; "
                          "run modes none, torch, session with it")
     _, per_rank, _ = SCHEDULES[config.schedule]
@@ -105,7 +111,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--world", type=int, default=2, help="ranks (processes, Gloo on CPU)")
     p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv", help="torch.distributed.pipelining schedule")
     p.add_argument("--modes", default=",".join(MODES),
-                   help="comma-separated, from: " + ", ".join(MODES + SWEEP_MODES)
+                   help="comma-separated, from: " + ", ".join(MODES + (PLACED_MODE,) + SWEEP_MODES)
                         + " (the last ones are the memory sweep's: python -m prefire.pipeline_bench.sweep)")
     p.add_argument("--steps", type=int, default=5, help="measured steps per mode (medians reported)")
     p.add_argument("--rounds", type=int, default=1,
@@ -123,6 +129,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="budget mode: one run per fraction; a rank's budget is that share of the most it held in "
                         "warm-up with sessions alone (before bubble prefires begin; above 1 leaves room for them)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per round before its ranks are killed")
+    p.add_argument("--placement", metavar="FILE",
+                   help="placed mode's bubble prefires, as the simulator's search placed them (python -m "
+                        "prefire.pipeline_bench.simulate place RUN.json --schedules S --ranks N "
+                        "--write-placement FILE)")
     p.add_argument("--json", metavar="PATH", help="write the summary as JSON ('-': standard output)")
     p.add_argument("--plot", metavar="PATH", help="write the timeline plot (PNG, SVG or PDF by the name)")
     a = p.parse_args(argv)
@@ -132,8 +142,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         budgets = tuple(float(f) for f in a.budgets.split(",") if f)
     except ValueError:
         p.error(f"--budgets: comma-separated fractions, got {a.budgets!r}")
+    placement = None
+    if a.placement:
+        try:
+            with open(a.placement) as f:
+                placement = json.load(f)
+        except (OSError, ValueError) as e:
+            p.error(f"--placement: cannot read {a.placement}: {e}")
     config = RunConfig(model=model, schedule=a.schedule, modes=tuple(m for m in a.modes.split(",") if m),
-                       steps=a.steps, warmup=a.warmup, budgets=budgets, timeout_s=a.timeout)
+                       steps=a.steps, warmup=a.warmup, budgets=budgets, timeout_s=a.timeout, placement=placement)
     try:
         summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as e:

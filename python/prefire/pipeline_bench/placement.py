@@ -34,7 +34,8 @@ each replayed with the same (median) durations:
   over the ranks, the start of the rank's first action in session mode's
   replay plus all of its actions in session mode (with the rank's own time
   per action), plus the step's ending. ``H max = (session - floor) /
-  (session - none)``.
+  (session - none)``, at most 1 (the floor leaves out the waits no
+  checkpointing has too, so it can lie below none's step).
 
 The floor is what bounds H, not the waits: a rank's waits before its first
 forward (the forward chain reaching it) are bubbles no recomputation can
@@ -42,9 +43,11 @@ use, since nothing is forwarded yet, and with micro-batches twice the ranks
 a rank's waits after that are short beside its recomputation. So "all
 waits / all recomputation" (the column the program printed as the bound
 before) overstates what any filler can reach. Measured (docs/benchmarks.md,
-"Where recomputation can run"): the search gains at most a few hundredths
-of H over the rules, and the floor keeps ZBV and interleaved zero bubble
-under H = 0.4 at 4-16 ranks.
+"Where recomputation can run"; 2-rank runs, predicted to 4-16): the rules
+come within 0.01 of the floor on ZBV at 4-16 ranks and within 0.05 on
+interleaved zero bubble, whose floors stay under H = 0.35; the search
+adds most on DualPipeV (H 0.45 -> 0.54 at 8 ranks, floor 0.59), which the
+program's placed mode runs (Note [Running a placement] in _bubbles.py).
 """
 
 from __future__ import annotations
@@ -224,10 +227,38 @@ def compare(summary: Dict, schedule: str, world: int, ahead: Optional[int] = Non
            "waits_over_recompute": min(1.0, sum(session.wait_s) / recompute) if recompute else None}
     rules = rules_placement(pipeline.run("bubble"))
     rules_run = pipeline.run("placed", rules)
-    row.update(rules_s=rules_run.step_s, rules_held=max(held_ahead(rules_run)),
-               hidden={"rules": hidden(rules_run.step_s), "max": hidden(row["floor_s"])})
+    row.update(rules_s=rules_run.step_s, rules_held=max(held_ahead(rules_run)), rules_placement=rules,
+               hidden={"rules": hidden(rules_run.step_s), "max": min(1.0, hidden(row["floor_s"]))
+                       if lazy > 0 else None})
     if searched:
         placement, found = search(pipeline, rules, ahead)
         row.update(search_s=found.step_s, search_held=max(held_ahead(found)), placement=placement)
         row["hidden"]["search"] = hidden(found.step_s)
     return row
+
+
+def placement_file(row: Dict, stage_rank: Callable[[int], int]) -> Dict:
+    """A ``compare`` row's placement (the search's, else the rules') as the
+    pipeline program's ``--placement`` file: per rank, [action, items]."""
+    placement = row.get("placement", row["rules_placement"])
+    ranks: List[List] = [[] for _ in range(row["world"])]
+    for action, items in sorted(placement.items()):
+        ranks[stage_rank(action[1])].append([list(action), [list(item) for item in items]])
+    return {"schedule": row["schedule"], "world": row["world"], "micro_batches": row["micro_batches"],
+            "ranks": ranks}
+
+
+def check_placement_file(data: Dict, schedule: str, world: int, micro_batches: int) -> None:
+    """ValueError unless ``data`` was placed for this schedule, rank count
+    and number of micro-batches."""
+    got = {key: data.get(key) for key in ("schedule", "world", "micro_batches")}
+    want = {"schedule": schedule, "world": world, "micro_batches": micro_batches}
+    if got != want or not isinstance(data.get("ranks"), list) or len(data["ranks"]) != world:
+        raise ValueError(f"prefire.pipeline_bench: the placement was searched for {got}, this run is {want} (write "
+                         "one for it: python -m prefire.pipeline_bench.simulate place RUN.json --schedules "
+                         f"{schedule} --ranks {world} --write-placement FILE)")
+
+
+def rank_placement(data: Dict, rank: int) -> Placement:
+    """One rank's placement from a ``placement_file``."""
+    return {tuple(action): [tuple(item) for item in items] for action, items in data["ranks"][rank]}

@@ -127,6 +127,6 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
                             for mode, replays in runs.items()},
         "hidden_fraction": (step["session"] - step["bubble"]) / lazy if "bubble" in step and lazy > 0 else None,
         "waits_over_recompute": min(1.0, waits["session"] / recompute) if recompute > 0 else None,
-        "hidden_fraction_max": max(0.0, (step["session"] - floor) / lazy) if lazy > 0 else None,
+        "hidden_fraction_max": min(1.0, max(0.0, (step["session"] - floor) / lazy)) if lazy > 0 else None,
         "prefire_s": statistics.mean(sum(r.prefire_s) for r in runs["bubble"]) if "bubble" in runs else None,
     }

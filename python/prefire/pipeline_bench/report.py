@@ -94,8 +94,8 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
     def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
         return a / b if a is not None and b else None
 
-    def hidden(rank: Optional[int] = None) -> Optional[float]:
-        return _hidden_fraction(step("session", rank), step("bubble", rank), step("none", rank))
+    def hidden(rank: Optional[int] = None, mode: str = "bubble") -> Optional[float]:
+        return _hidden_fraction(step("session", rank), step(mode, rank), step("none", rank))
 
     def hidden_bound() -> Optional[float]:
         # In bubble mode a rank does all of session mode's work and can move
@@ -111,13 +111,19 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
 
     world = len(next(iter(runs.values())))
     h, bound = hidden(), hidden_bound()
+    placed = {"hidden_fraction_placed": {"overall": hidden(None, "placed"),
+                                         "per_rank": [hidden(r, "placed") for r in range(world)]}
+              } if "placed" in modes else {}
     return {
         "config": config,
         "modes": modes,
         "ratios": {f"{m}/torch": ratio(step(m), step("torch")) for m in modes if m != "torch"},
         "hidden_fraction": {"overall": h, "per_rank": [hidden(r) for r in range(world)]},
+        **placed,
         "hidden_fraction_bound": bound,
-        "noisy": h is not None and bound is not None and h > bound + 0.01,
+        # placed mode's H is bounded the same way: its prefires, too, only move recomputation into waits
+        "noisy": bound is not None and any(x is not None and x > bound + 0.01
+                                           for x in (h, placed.get("hidden_fraction_placed", {}).get("overall"))),
         "rounds": spread,
         "timelines": timelines,
     }
@@ -141,14 +147,18 @@ def _spread(rounds: Dict[str, List[List[Dict[str, Any]]]]) -> Dict[str, Any]:
         if all(r.get("timeline", {}).get("steps") for ranks in per_round for r in ranks):
             every[mode] = [[max(step) for step in zip(*([s["step_s"] for s in r["timeline"]["steps"]] for r in ranks))]
                            for ranks in per_round]
-    hs: List[Optional[float]] = []
-    if {"session", "bubble", "none"} <= set(steps):
-        hs = [_hidden_fraction(*times) for times in zip(steps["session"], steps["bubble"], steps["none"])]
-    known = [x for x in hs if x is not None]
+
+    def per_round(mode: str) -> Dict[str, Any]:
+        hs: List[Optional[float]] = []
+        if {"session", mode, "none"} <= set(steps):
+            hs = [_hidden_fraction(*times) for times in zip(steps["session"], steps[mode], steps["none"])]
+        known = [x for x in hs if x is not None]
+        return {"per_round": hs, "min": min(known) if known else None, "max": max(known) if known else None}
+
     return {
         "step_s": {mode: {"per_round": v, "min": min(v), "max": max(v)} for mode, v in steps.items()},
-        "hidden_fraction": {"per_round": hs, "min": min(known) if known else None,
-                            "max": max(known) if known else None},
+        "hidden_fraction": per_round("bubble"),
+        **({"hidden_fraction_placed": per_round("placed")} if "placed" in steps else {}),
         "steps_s": every,
     }
 
@@ -193,6 +203,11 @@ def table(summary: Dict[str, Any]) -> str:
     out.append("hidden fraction of recomputation time H = (session - bubble) / (session - none): overall "
                + _fmt(h["overall"], 1, 2) + f" (rounds {_fmt(hs['min'], 1, 2)}-{_fmt(hs['max'], 1, 2)})"
                + ", per rank " + ", ".join(_fmt(x, 1, 2) for x in h["per_rank"]))
+    if "hidden_fraction_placed" in summary:
+        hp, hps = summary["hidden_fraction_placed"], spread["hidden_fraction_placed"]
+        out.append("placed (the simulator's placement, not the rules): H = (session - placed) / (session - none): "
+                   f"overall {_fmt(hp['overall'], 1, 2)} (rounds {_fmt(hps['min'], 1, 2)}-{_fmt(hps['max'], 1, 2)})"
+                   ", per rank " + ", ".join(_fmt(x, 1, 2) for x in hp["per_rank"]))
     if any(x is not None and x < 0 for x in [h["overall"], hs["min"], *h["per_rank"]]):
         out.append("H below 0: bubble mode's step came out slower than session mode's, so its prefires hid nothing "
                    "there and what they cost shows (their launch, or recomputation that overran a wait), or the "

@@ -20,10 +20,10 @@ import json
 import sys
 from typing import Any, Dict, List, Optional
 
-from .measured import validate
-from .predict import predict
-from .placement import compare
+from .measured import _placement, validate
+from .placement import compare, placement_file
 from .plan_search import search
+from .predict import predict
 
 
 def _read(path: str) -> Dict[str, Any]:
@@ -48,12 +48,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     pl.add_argument("runs", nargs="+", metavar="SUMMARY.json")
     pl.add_argument("--ranks", default="2,4,8,16")
     pl.add_argument("--schedules", default="zbv,interleaved-zb,dualpipev,interleaved-1f1b",
-                    help="schedules to place (each from the first run given; durations scale as predict's)")
+                    help="schedules to place, each with the durations of its own run among those given, else of the "
+                         "first (scaled as predict's)")
     pl.add_argument("--search-ranks", type=int, default=8, metavar="N",
                     help="search placements up to N ranks (the search takes minutes at 16)")
     pl.add_argument("--ahead", type=int, default=None, metavar="N",
                     help="the search holds at most N checkpoints per rank recomputed before their pass")
     pl.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    pl.add_argument("--write-placement", metavar="PATH",
+                    help="write the search's placement (the rules' above --search-ranks) for the pipeline program's "
+                         "--placement (one schedule, one rank count)")
     se = sub.add_parser("search", help="a memory sweep's plans against the fastest per-block plan within each "
                                        "budget (python -m prefire.pipeline_bench.sweep --json)")
     se.add_argument("runs", nargs="+", metavar="SWEEP.json")
@@ -72,7 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       f"{row['measured_s'] * 1e3:11.1f}  {letters(row['best'])} / {letters(row['chosen'])}")
         return 0
     if a.command == "place":
-        return _place(summaries[0], a)
+        return _place(summaries, a)
     if a.command == "validate":
         print(f"{'schedule':18} {'mode':13} {'step ms':>8} {'replay':>8} {'diff':>6}   "
               f"{'bubble ms (steps min-max)':>26} {'replay':>8} {'diff':>6}")
@@ -114,14 +118,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def _place(summary: Dict[str, Any], a: argparse.Namespace) -> int:
+def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
+    """Each schedule from its own run where one is given, else from the first."""
+    by_schedule = {s["config"]["schedule"]: s for s in summaries}
     print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks; median durations)")
     print(f"{'schedule':18} {'ranks':>5} {'H rules':>8} {'H search':>9} {'H max':>6} {'waits/recomp':>12} "
           f"{'held rules':>10} {'held search':>11} {'bubble/session':>14}")
     rows = []
-    for schedule in a.schedules.split(","):
-        for world in (int(r) for r in a.ranks.split(",") if r):
-            row = compare(summary, schedule, world, a.ahead, searched=world <= a.search_ranks)
+    schedules, worlds = a.schedules.split(","), [int(r) for r in a.ranks.split(",") if r]
+    if a.write_placement and (len(schedules) != 1 or len(worlds) != 1):
+        print("--write-placement: name one schedule (--schedules) and one rank count (--ranks)", file=sys.stderr)
+        return 2
+    for schedule in schedules:
+        for world in worlds:
+            row = compare(by_schedule.get(schedule, summaries[0]), schedule, world, a.ahead,
+                          searched=world <= a.search_ranks)
             rows.append(row)
             h = row["hidden"]
             best = row.get("search_s", row["rules_s"])
@@ -131,7 +142,10 @@ def _place(summary: Dict[str, Any], a: argparse.Namespace) -> int:
                   f"{str(row.get('search_held', '-')):>11} {best / row['session_s']:14.3f}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump([{k: v for k, v in r.items() if k != "placement"} for r in rows], f, indent=1)
+            json.dump([{k: v for k, v in r.items() if not k.endswith("placement")} for r in rows], f, indent=1)
+    if a.write_placement:
+        with open(a.write_placement, "w") as f:
+            json.dump(placement_file(rows[0], _placement(rows[0]["schedule"], rows[0]["world"])), f)
     return 0
 
 

@@ -19,7 +19,7 @@ import time
 import traceback
 from dataclasses import asdict
 from datetime import timedelta
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from prefire._hook_points import is_full_backward
 
 from .config import PLAN_MODES, SCHEDULES, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
+from .placement import rank_placement
 from .report import TIMES, hideable_s
 
 
@@ -91,6 +92,7 @@ class Recorder:
     def __init__(self, rank: int = 0) -> None:
         self.events: List[List[Any]] = []   # [kind, stage, micro-batch or block, begin, end]
         self.phase: Optional[str] = None    # the stage action running, if any
+        self.moved_begin: Optional[float] = None  # the running action began after a placed prefire inside it
         self.fault_in = {kind for kind in ("forward", "bubble") if _fault(kind, rank)}
 
     def wrap_stage(self, stage) -> None:
@@ -101,18 +103,34 @@ class Recorder:
                 kind = kind_of(args, kwargs)
                 if kind == "F" and "forward" in self.fault_in:
                     raise InjectedFault(f"injected fault: a forward of stage {stage.stage_index}")
-                self.phase, begin = kind, time.monotonic()
+                self.phase, self.moved_begin, begin = kind, None, time.monotonic()
                 try:
                     return inner(chunk_id, *args, **kwargs)
                 finally:
                     self.phase = None
-                    self.events.append([kind, stage.stage_index, chunk_id, begin, time.monotonic()])
+                    self.events.append([kind, stage.stage_index, chunk_id, self.moved_begin or begin,
+                                        time.monotonic()])
 
             setattr(stage, name, run)
 
         timed("forward_one_chunk", lambda a, k: "F")
         timed("backward_one_chunk", lambda a, k: "BW" if is_full_backward(a, k) else "B")
         timed("backward_weight_one_chunk", lambda a, k: "W")
+
+    def outside_action(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` (a placed prefire, Note [Running a placement]) may run
+        inside a stage method but is not its action: its block runs are
+        bubble prefires, and the action begins after it."""
+        def run(*args, **kwargs):
+            phase, self.phase = self.phase, None
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.phase = phase
+                if phase is not None:
+                    self.moved_begin = time.monotonic()
+
+        return run
 
     def on_wait(self, kind: str, stage_index: int, micro_batch: int, begin: float, end: float) -> None:
         self.events.append(["wait", stage_index, micro_batch, begin, end])
@@ -148,12 +166,17 @@ class ModeRun:
         self.sessions = None
         if mode in ("session", "bubble", "budget"):
             self.sessions = pipelining.enable(self.schedule, bubble=mode != "session")
+        elif mode == "placed":  # the simulator's placement for this rank (Note [Running a placement])
+            self.sessions = pipelining.enable(self.schedule, bubble=True,
+                                              placement=rank_placement(cfg.placement, rank))
         elif mode in PLAN_MODES:  # the first step measures; its budget is set from what it found (step())
             self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62, bubble=mode == "plan-bubble",
                                               selective=mode == "plan-selective")
         self.recorder = Recorder(rank)
         for stage in stages:
             self.recorder.wrap_stage(stage)
+        if mode == "placed":
+            self.sessions.bubbles.before_action = self.recorder.outside_action(self.sessions.bubbles.before_action)
         self.waits_seen = True
         try:
             pipelining.on_receive_wait(self.schedule, after=self.recorder.on_wait)
