@@ -10,6 +10,7 @@ from prefire._bubbles import BubbleFiller, check_placement
 from prefire._hook_points import rank_actions
 from prefire.pipeline_bench import run
 from prefire.pipeline_bench.config import RunConfig
+from prefire.pipeline_bench.measured import validate
 from prefire.pipeline_bench.model import reference_gradients
 from prefire.pipeline_bench.replay import rank_orders
 from prefire.pipeline_bench.report import table
@@ -124,8 +125,8 @@ def test_two_ranks_run_a_placement_where_it_puts_each_prefire_bit_equal_and_not_
     placements = [after_each_forward(order) for order in orders]
     data = {"schedule": "interleaved-zb", "world": 2, "micro_batches": TINY.micro_batches,
             "ranks": [[[list(a), [list(i) for i in items]] for a, items in p.items()] for p in placements]}
-    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("session", "placed"), steps=2, warmup=3,
-                    eval_steps=1, timeout_s=120, placement=data)
+    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("none", "torch", "session", "placed"), steps=2,
+                    warmup=3, eval_steps=1, timeout_s=120, placement=data)
     summary = run(cfg, world=2)
     assert no_children_left()
     placed = summary["modes"]["placed"]
@@ -143,3 +144,7 @@ def test_two_ranks_run_a_placement_where_it_puts_each_prefire_bit_equal_and_not_
             assert ran == {a: per_stage * len(items) for a, items in placements[rank].items()}, (rank, ran)
             assert not any(e[0] == "recompute" for e in events)  # the passes recomputed nothing
     assert "placed (the simulator's placement, not the rules)" in table(summary)
+    # the simulator replays placed mode with the run's placement (validate's rows; how near is the docs' to say)
+    rows = {row["mode"]: row for row in validate(summary)}
+    assert set(rows) == {"none", "torch", "session", "placed"}
+    assert rows["placed"]["simulated_step_s"] > 0 and rows["placed"]["simulated_wait_s"] >= 0

@@ -179,14 +179,18 @@ def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     its runtime learned), then the step (median over the steps) and the
     bubble (waits of all ranks together: their mean over the steps, which
     swing widely from step to step, and the range) set beside what was
-    measured (Note [What the simulator replays])."""
+    measured (Note [What the simulator replays]); placed mode, where the
+    run has it, with its placement's recompute actions on session mode's
+    steps."""
     cfg = summary["config"]
     schedule, world = cfg["schedule"], cfg["world"]
     micro_batches = cfg["model"]["micro_batches"]
     orders, groups = rank_orders(schedule, world, micro_batches), overlaps(schedule, world, micro_batches)
     placement, n_stages = _placement(schedule, world), SCHEDULES[schedule][1] * world
     costs = measured_costs(summary)
-    modes = [mode for mode in REPLAYED if mode in summary["timelines"]]
+    modes = [mode for mode in REPLAYED + ("placed",) if mode in summary["timelines"]]
+    placed = {tuple(action): [tuple(item) for item in items] for rank in (cfg.get("placement") or {}).get("ranks", [])
+              for action, items in rank}  # placed mode's recompute actions, every rank's
     steps = min(len(_steps(rank)) for mode in modes for rank in summary["timelines"][mode])
     rows = []
     for name, mode in [(m, m) for m in modes] + ([("bubble as run", "bubble")] if "bubble" in modes else []):
@@ -194,9 +198,10 @@ def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
             replays = [replay(orders, placement, n_stages, step_costs(costs, summary, "bubble", k), "session",
                               groups) for k in range(steps)]
         else:
-            source = "session" if mode == "bubble" else mode
+            source = "session" if mode in ("bubble", "placed") else mode
             replays = [replay(orders, placement, n_stages, step_costs(costs, summary, source, k), mode, groups,
-                              measured_slack(summary, k) if mode == "bubble" else None) for k in range(steps)]
+                              measured_slack(summary, k) if mode == "bubble" else None, placed)
+                       for k in range(steps)]
         step, waits = measured_step(summary, mode)
         rows.append({"schedule": schedule, "mode": name, "step_s": step,
                      "simulated_step_s": statistics.median(r.step_s for r in replays),

@@ -55,7 +55,9 @@ Mode placed replays session's durations with recompute actions of
 their own where a placement puts them (before an action: the rank runs
 them when it reaches the action, then the action as soon as what it
 consumes is there; Note [Where recomputation can run] in placement.py),
-the passes shortened as in bubble mode.
+the passes shortened as in bubble mode; ``validate`` replays a run's
+placed mode (the pipeline program's ``--placement``) so, on session mode's
+steps of the same index.
 ``validate`` replays bubble mode twice: by these rules, from the steps of
 session mode of the same index (the program runs the modes' steps in
 turn, so those ran beside them) and the recorded slack; and as it ran
