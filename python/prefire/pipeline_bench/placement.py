@@ -22,7 +22,7 @@ each replayed with the same (median) durations:
   back into the pass), keeping a move when the step ends earlier or, at
   the same step, the ranks' forwards and backwards end earlier in sum (the
   step is the slowest rank's, so a move that helps another rank first shows
-  there); until a sweep over every checkpoint moves none. Optionally at
+  there); until a sweep over every checkpoint moves none (four at most). Optionally at
   most ``ahead`` checkpoints per rank recomputed before their pass at once
   (a memory plan's room, in checkpoints);
 * the floor (``floor_s``): no placement, and no order of the rank's actions,
