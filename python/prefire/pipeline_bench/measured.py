@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._hook_points import Action
 from .config import SCHEDULES, stage_indices
+from .placement import rank_placement
 from .replay import Costs, KINDS, REPLAYED, _consumes, _produced, overlaps, rank_orders, replay
 
 
@@ -189,8 +190,8 @@ def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     placement, n_stages = _placement(schedule, world), SCHEDULES[schedule][1] * world
     costs = measured_costs(summary)
     modes = [mode for mode in REPLAYED + ("placed",) if mode in summary["timelines"]]
-    placed = {tuple(action): [tuple(item) for item in items] for rank in (cfg.get("placement") or {}).get("ranks", [])
-              for action, items in rank}  # placed mode's recompute actions, every rank's
+    placed = {action: items for rank in range(world) if cfg.get("placement")  # placed mode's, every rank's
+              for action, items in rank_placement(cfg["placement"], rank).items()}
     steps = min(len(_steps(rank)) for mode in modes for rank in summary["timelines"][mode])
     rows = []
     for name, mode in [(m, m) for m in modes] + ([("bubble as run", "bubble")] if "bubble" in modes else []):

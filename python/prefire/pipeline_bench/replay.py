@@ -232,27 +232,20 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
     events: List[List[Tuple[str, int, int, float, float]]] = [[] for _ in range(world)]
     placed: set = set()
 
-    def run_checkpoints(rank: int, key: StageMicroBatch, now: float, count: int) -> float:
-        """A placed recompute action: up to ``count`` of ``key``'s checkpoints not recomputed yet."""
-        stage, mb = key
-        remaining = left.setdefault(key, costs.checkpoints.get(stage, 0))
-        for _ in range(min(count, remaining)):
-            events[rank].append(("recompute-placed", stage, mb, now, now + costs.checkpoint[stage]))
-            now += costs.checkpoint[stage]
-            prefire[rank] += costs.checkpoint[stage]
-        left[key] = max(0, remaining - count)
-        return now
-
-    def prefire_all(rank: int, key: StageMicroBatch, now: float, until: float) -> float:
+    def prefire_all(rank: int, key: StageMicroBatch, now: float, until: float = float("inf"),
+                    count: Optional[int] = None, kind: str = "recompute-bubble") -> float:
         """Prefires ``key``'s checkpoints not prefired yet, one at a time
-        while the next one ends by ``until``; returns when it stopped."""
+        while the next one ends by ``until``, at most ``count`` (a placed
+        recompute action's); returns when it stopped."""
         stage, mb = key
         remaining = left.setdefault(key, costs.checkpoints.get(stage, 0))
-        while remaining and now + costs.checkpoint[stage] <= until:
-            events[rank].append(("recompute-bubble", stage, mb, now, now + costs.checkpoint[stage]))
+        ran = 0
+        while remaining and now + costs.checkpoint[stage] <= until and (count is None or ran < count):
+            events[rank].append((kind, stage, mb, now, now + costs.checkpoint[stage]))
             now += costs.checkpoint[stage]
             prefire[rank] += costs.checkpoint[stage]
             remaining -= 1
+            ran += 1
         left[key] = remaining
         return now
 
@@ -293,7 +286,8 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                 if action in placement and action not in placed:  # recompute actions placed before it
                     placed.add(action)
                     for r_stage, r_mb, count in placement[action]:
-                        free[rank] = run_checkpoints(rank, (r_stage, r_mb), free[rank], count)
+                        free[rank] = prefire_all(rank, (r_stage, r_mb), free[rank], count=count,
+                                                 kind="recompute-placed")
                 dep = _consumes(action, n_stages)
                 received = dep is not None and stage_rank(dep[1]) != stage_rank(stage)
                 if dep is not None and dep not in (sent if received else end):
@@ -303,7 +297,7 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                 if mode == "bubble" and received:  # Note [Filling bubbles]
                     began = start
                     if kind in ("B", "BW"):  # rule 1, whether or not the gradient is there
-                        start = prefire_all(rank, (stage, mb), start, float("inf"))
+                        start = prefire_all(rank, (stage, mb), start)
                     start = fill(rank, start, began + slack.get((kind, stage, mb), 0.0))  # rule 2
                 if ready > start:
                     wait[rank] += ready - start
