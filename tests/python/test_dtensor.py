@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from prefire._process_exit import exit_process
+
 WORLD = 2
 
 
@@ -74,6 +76,7 @@ def worker(rank, store_path):
                     assert torch.equal(g, e), (rank, dtensor_input)
     finally:
         dist.destroy_process_group()
+    exit_process()  # Note [Leaving a process that ran Gloo collectives]
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")

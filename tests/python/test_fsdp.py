@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from prefire._process_exit import exit_process
+
 DIM = 16
 BLOCKS = 3
 
@@ -157,6 +159,7 @@ def two_rank_worker(rank, store_path):
                     assert all_gathers == base_gathers + extra, (where, all_gathers, base_gathers)
     finally:
         dist.destroy_process_group()
+    exit_process()  # Note [Leaving a process that ran Gloo collectives]
 
 
 def spawn(worker, world, tmp_path, *args):
@@ -248,6 +251,7 @@ def titan_worker(rank, store_path, results_dir):
         torch.save(out, os.path.join(results_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    exit_process()  # Note [Leaving a process that ran Gloo collectives]
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")

@@ -29,6 +29,7 @@ from torch.distributed import pipelining as pp
 import prefire
 from prefire import pipelining
 from prefire._hook_points import is_full_backward
+from prefire._process_exit import exit_process
 
 from .config import PLAN_MODES, SCHEDULES, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
@@ -354,4 +355,6 @@ def main(argv: List[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # main returns only after the rank wrote its results and destroyed its
+    # process group (Note [Leaving a process that ran Gloo collectives])
+    exit_process(main(sys.argv[1:]))
