@@ -10,7 +10,7 @@ import re
 import sys
 
 # top to bottom; a layer may include the layers before it
-LAYERS = ["hooks", "cuda", "memory", "checkpoint", "session"]
+LAYERS = ["hooks", "cuda", "memory", "offload", "checkpoint", "session"]
 # layers beside the others: they include none of them (plan/ is built without torch besides)
 BESIDE = ["split_backward", "plan"]
 OUTSIDE = {"kernels", "profiling"}  # device code and the NVTX domain: any layer may use them

@@ -14,6 +14,8 @@
 
 namespace prefire {
 
+class OffloadTier;  // prefire/offload.h
+
 using TensorList = std::vector<at::Tensor>;
 
 /// The function a checkpoint wraps. It must compute the same thing when
@@ -69,6 +71,11 @@ struct CheckpointOptions {
   bool preserve_rng_state = true;
   DeterminismCheck determinism_check = DeterminismCheck::kMetadata;
   ContextFn context_fn;
+  /// Offload instead of recompute: every tensor the forward saves is copied
+  /// to this tier and fetched back for backward (prefire() prefetches it);
+  /// `fn` is not run again, so preserve_rng_state and the determinism check
+  /// have nothing to do. nullptr (the default): recompute. See prefire/offload.h.
+  std::shared_ptr<OffloadTier> offload_to;
 };
 
 /// Runs `fn(inputs)` without keeping the tensors autograd saves inside it;

@@ -8,6 +8,7 @@
 #include <prefire/errors.h>
 #include <prefire/install.h>
 #include <prefire/observer.h>
+#include <prefire/offload.h>
 #include <prefire/plan.h>
 #include <prefire/pipeline_plan.h>
 #include <prefire/saved_tensor_meter.h>

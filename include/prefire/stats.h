@@ -8,7 +8,8 @@ namespace prefire {
 /// benchmarks that show what checkpointing costs.
 struct RuntimeStats {
   int64_t recomputations = 0;         // count: recomputations of a checkpoint, any key, since start
-  int64_t unshared_recomputations = 0;  // count: the part of `recomputations` no session kept (per backward graph task)
+  int64_t offload_fetches = 0;        // count: fetches of an offloaded checkpoint's saved tensors, any key
+  int64_t unshared_recomputations = 0;  // count: recomputations and fetches no session kept (per backward graph task)
   int64_t wasted_prefires = 0;        // count: prefired checkpoints released before any pass used them
   int64_t recomputed_bytes = 0;       // bytes: storages prefire holds now for recomputed tensors
   int64_t peak_recomputed_bytes = 0;  // bytes: largest recomputed_bytes since start or reset_runtime_peak()

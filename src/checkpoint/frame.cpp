@@ -124,8 +124,10 @@ const c10::SafePyObject* current_graph_exec_group() {
 Frame::Frame(CheckpointFn fn, const TensorList& inputs, const CheckpointOptions& options)
     : fn_(std::move(fn)),
       options_(options),
-      state_(CapturedState::capture(inputs, options.preserve_rng_state)),
-      inputs_(inputs) {
+      // An offloaded frame never runs `fn` again: no generator state to restore.
+      state_(CapturedState::capture(inputs, options.preserve_rng_state && !options.offload_to)),
+      inputs_(inputs),
+      offloaded_(options.offload_to ? std::make_unique<OffloadedSlots>(options.offload_to, inputs) : nullptr) {
   for (const auto& input : inputs) {
     if (input.defined() && input.has_storage()) {
       forward_uncounted_.insert(input.storage().unsafeGetStorageImpl());
@@ -150,6 +152,8 @@ std::unique_ptr<PackedTensor> Frame::pack(const at::Tensor& tensor) {
       if (counted) forward_pins_.push_back(tensor.storage().getWeakStorageImpl());
     }
   }
+  // Before the slot exists: a tensor the tier cannot take fails the forward here.
+  if (offloaded_) offloaded_->add(slots_.size(), tensor);
   const size_t slot = slots_.add(std::move(metadata), counted);
   // See Note [Early stop].
   const uint64_t sequence_nr = at::sequence_number::peek();
@@ -182,6 +186,7 @@ std::pair<TensorList, bool> Frame::forward(const TensorList& inputs) {
   forward_uncounted_ = {};
   forward_census_.clear();
   forward_pins_ = {};
+  if (offloaded_) offloaded_->forward_done();
   forward_done_.store(true, std::memory_order_release);
   if (parent != nullptr && num_slots_ > 0) parent->nested_.push_back(weak_from_this());
   return {std::move(outputs), parent != nullptr};
@@ -205,6 +210,7 @@ void Frame::release(size_t slot) noexcept {
   // it, outside the frame's lock, collected without a heap allocation in the
   // usual case (one session or one graph task).
   slots_.release(slot);
+  if (offloaded_) offloaded_->release(slot);
   c10::SmallVector<std::shared_ptr<Recomputation>, 2> holders;
   {
     std::lock_guard<std::mutex> lock(mu_);

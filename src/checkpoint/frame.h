@@ -10,6 +10,7 @@
 #include <prefire/observer.h>
 
 #include "checkpoint/frame_inputs.h"
+#include "checkpoint/offloaded_slots.h"
 #include "checkpoint/recompute.h"
 #include "checkpoint/recomputation.h"
 #include "checkpoint/registration.h"
@@ -85,7 +86,7 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
 
  private:
   /// What the recompute driver reads of this frame.
-  RecomputeSource source() const { return {fn_, options_, state_, inputs_, slots_}; }
+  RecomputeSource source() const { return {fn_, options_, state_, inputs_, slots_, offloaded_.get()}; }
   /// The recomputation of every slot, once forward is done.
   Extent full_extent() const { return {num_slots_, stop_at_last_slot_}; }
   /// How a session serves an unpack (key 1 of Note [Recomputation keys]).
@@ -113,6 +114,7 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   CapturedState state_;  // its generator snapshot may be dropped after forward; read-only after
   const FrameInputs inputs_;
   SlotTable slots_;
+  const std::unique_ptr<OffloadedSlots> offloaded_;  // set when offloaded; see Note [Offloading a checkpoint]
 
   // Written by the forward thread before forward_done_, read-only after.
   std::atomic<bool> forward_done_{false};

@@ -25,11 +25,17 @@ namespace prefire::detail {
 namespace {
 std::atomic<int64_t> g_recomputations{0};
 std::atomic<int64_t> g_unshared_recomputations{0};
+std::atomic<int64_t> g_offload_fetches{0};
 std::atomic<int64_t> g_wasted_prefires{0};
 }  // namespace
 
 void count_recomputation(bool in_session) {
   g_recomputations.fetch_add(1, std::memory_order_relaxed);
+  if (!in_session) g_unshared_recomputations.fetch_add(1, std::memory_order_relaxed);
+}
+
+void count_offload_fetch(bool in_session) {
+  g_offload_fetches.fetch_add(1, std::memory_order_relaxed);
   if (!in_session) g_unshared_recomputations.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -190,6 +196,7 @@ RuntimeStats runtime_stats() {
   RuntimeStats s;
   s.recomputations = detail::g_recomputations.load(std::memory_order_relaxed);
   s.unshared_recomputations = detail::g_unshared_recomputations.load(std::memory_order_relaxed);
+  s.offload_fetches = detail::g_offload_fetches.load(std::memory_order_relaxed);
   s.wasted_prefires = detail::g_wasted_prefires.load(std::memory_order_relaxed);
   s.recomputed_bytes = detail::global_recomputed_bytes().current();
   s.peak_recomputed_bytes = detail::global_recomputed_bytes().peak();

@@ -24,7 +24,10 @@ namespace prefire::detail {
 /// Counts one recomputation in RuntimeStats; `in_session`: keyed by a
 /// session (else by a backward graph task, a GraphExecGroup, or no key).
 void count_recomputation(bool in_session);
-/// Recomputations since start that no session kept (RuntimeStats::unshared_recomputations).
+/// Counts one fetch of an offloaded checkpoint in RuntimeStats (Note
+/// [Offloading a checkpoint] in checkpoint/offloaded_slots.cpp); `in_session` as above.
+void count_offload_fetch(bool in_session);
+/// Recomputations and offload fetches since start that no session kept (RuntimeStats::unshared_recomputations).
 int64_t unshared_recomputations();
 /// A checkpoint prefired into session `session` was let go with no pass
 /// having used its recomputation: counts it in RuntimeStats and warns (once

@@ -178,6 +178,19 @@ RecomputeEvent recompute(const RecomputeSource& source, Recomputation& r, Recomp
   return RecomputeEvent{kind, session.value_or(-1), begin, std::chrono::steady_clock::now()};
 }
 
+// See Note [Offloading a checkpoint] in checkpoint/offloaded_slots.cpp.
+RecomputeEvent fetch(const RecomputeSource& source, Recomputation& r, RecomputeEvent::Kind kind,
+                     std::optional<SessionId> session, const Extent& extent) {
+  const bool prefetch = kind == RecomputeEvent::Kind::kPrefire;
+  PREFIRE_NVTX_RANGE(prefetch ? "prefire::fetch(prefetch)" : "prefire::fetch(lazy)", session.value_or(-1));
+  const auto begin = std::chrono::steady_clock::now();
+  // The inputs before anything is read: an enclosing checkpoint may recompute them.
+  const TensorList inputs = source.offloaded->reads_inputs() ? source.inputs.unpack() : TensorList{};
+  source.offloaded->fetch(r, source.slots, extent.slots, prefetch, inputs);
+  count_offload_fetch(session.has_value());
+  return RecomputeEvent{kind, session.value_or(-1), begin, std::chrono::steady_clock::now()};
+}
+
 }  // namespace
 
 bool recomputing_on_this_thread() { return this_thread().recompute_depth > 0; }
@@ -186,11 +199,15 @@ std::optional<RecomputeEvent> recompute_once(const RecomputeSource& source, Reco
                                              RecomputeEvent::Kind kind, std::optional<SessionId> session,
                                              const Extent& extent) {
   if (r.done()) return std::nullopt;
+  std::optional<RecomputeEvent> event;
+  if (source.offloaded) {
+    r.ensure([&] { event = fetch(source, r, kind, session, extent); });
+    return event;
+  }
   // Taken before the single flight is claimed; see Note [Recomputations that
   // restore generators] in checkpoint/state_capture.h.
   std::unique_lock<std::recursive_mutex> generators;
   if (source.state.rng) generators = lock_generators();
-  std::optional<RecomputeEvent> event;
   r.ensure([&] { event = recompute(source, r, kind, session, extent); });
   return event;
 }

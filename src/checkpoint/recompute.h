@@ -11,6 +11,7 @@
 #include <prefire/session.h>
 
 #include "checkpoint/frame_inputs.h"
+#include "checkpoint/offloaded_slots.h"
 #include "checkpoint/recomputation.h"
 #include "checkpoint/slots.h"
 #include "checkpoint/state_capture.h"
@@ -20,18 +21,22 @@
 namespace prefire::detail {
 
 /// What a recomputation is made from: the frame's function, options, captured
-/// state, inputs and slots. Read-only once the frame's forward is done.
+/// state, inputs and slots; for an offloaded frame, its offloaded slots, which
+/// fill the recomputation instead (Note [Offloading a checkpoint] in
+/// checkpoint/offloaded_slots.cpp). Read-only once the frame's forward is done.
 struct RecomputeSource {
   const CheckpointFn& fn;
   const CheckpointOptions& options;
   const CapturedState& state;
   const FrameInputs& inputs;
   const SlotTable& slots;
+  OffloadedSlots* offloaded = nullptr;
 };
 
 /// Fills `r` with a recomputation of `source`'s first `extent.slots` slots
 /// unless it is done (Note [Single-flight recomputation]); a prefire runs on
-/// the prefire stream of the inputs' CUDA device, if any. Returns the
+/// the prefire stream of the inputs' CUDA device, if any. An offloaded source
+/// is fetched instead (a prefire: prefetched). Returns the
 /// observer's event when this call recomputed. Raises CheckpointError when
 /// the recomputation saves other tensors than forward did (as
 /// options.determinism_check says), and what `fn` raises.

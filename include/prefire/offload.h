@@ -1,0 +1,65 @@
+#pragma once
+
+// Offloading a checkpoint: the tensors its forward saves are copied to a tier
+// outside the device's memory as they are saved, and copied back (fetched)
+// for backward instead of being recomputed. Scheduling is the one checkpoints
+// have: prefire() on an offloaded checkpoint is a prefetch, attach() makes the
+// first pass fetch it, and a session shares one fetched copy between its
+// passes. See Note [Offloading a checkpoint] in src/checkpoint/offloaded_slots.cpp.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace prefire {
+
+namespace detail {
+class TierStore;
+}  // namespace detail
+
+/// Where offloaded checkpoints keep their saved tensors between forward and
+/// backward. Pass it as CheckpointOptions::offload_to; a tier serves any
+/// number of checkpoints and threads, and lives as long as the checkpoints
+/// that use it.
+class OffloadTier {
+ public:
+  /// A host tier for CPU tensors: a file of `capacity_bytes` in `directory`,
+  /// reserved on disk at once and unlinked at once (nothing is left behind,
+  /// also when the process dies), so offloaded bytes leave the process's
+  /// memory for the kernel's page cache and the disk. Copies into the file
+  /// run on a worker thread of the tier (forward does not wait for them);
+  /// the saved tensor's storage is released by the copy once it is written.
+  /// Raises std::invalid_argument for capacity_bytes under one page (4096) and CheckpointError
+  /// naming the directory and the reason when the file cannot be created or
+  /// reserved (no such directory, no permission, no space).
+  static std::shared_ptr<OffloadTier> host_file(const std::string& directory, int64_t capacity_bytes);
+
+  ~OffloadTier();
+  OffloadTier(const OffloadTier&) = delete;
+  OffloadTier& operator=(const OffloadTier&) = delete;
+
+  int64_t capacity_bytes() const;
+  /// Bytes of the tier that offloaded tensors hold now (rounded up to pages).
+  int64_t used_bytes() const;
+  /// Largest used_bytes() since the tier was made or reset_peak().
+  int64_t peak_used_bytes() const;
+  void reset_peak();
+  /// Copies into and out of the tier since it was made.
+  int64_t bytes_written() const;
+  int64_t bytes_read() const;
+
+  /// Blocks until every copy queued so far (into the tier or out of it) is
+  /// done: then every offloaded storage the tier alone holds has been
+  /// released. Copy errors are not raised here but by the fetch that needs
+  /// the copy.
+  void synchronize();
+
+  /// The tier's internals (the offloaded checkpoints' side).
+  detail::TierStore& store() const { return *store_; }
+
+ private:
+  explicit OffloadTier(std::unique_ptr<detail::TierStore> store);
+  std::unique_ptr<detail::TierStore> store_;
+};
+
+}  // namespace prefire

@@ -1,0 +1,220 @@
+// Note [Offloading a checkpoint]
+// An offloaded checkpoint (CheckpointOptions::offload_to) runs its forward as
+// any checkpoint does, with its frame packing every saved tensor into a slot;
+// what differs is where a slot's tensor comes back from. Instead of running
+// the function again, a "recomputation" of an offloaded frame is a fetch: each
+// saved storage is read back from the tier into a new storage and each slot
+// is rebuilt over it with forward's offset, sizes, strides and dtype, so its
+// bytes, and the gradients, are forward's. The fetch fills the same
+// Recomputation a recomputation would (checkpoint/recompute.cpp decides which
+// runs), so everything above it is unchanged and shared: the keys of Note
+// [Recomputation keys], single flight, sessions (one fetched copy serves B and
+// W), retain_on_unpack, keep_only, clear, budgets and the byte gauges.
+// prefire() of an offloaded checkpoint is a prefetch: its reads are queued on
+// the tier's worker and return at once, and the Recomputation's ready event
+// makes every unpack wait for them (as an unpack waits for a prefire stream's
+// event). A lazy fetch (an unpack with nothing fetched yet) reads on the
+// unpacking thread, after the copy into the tier is done.
+//
+// Forward: a slot whose tensor is a parameter (a leaf that requires grad, or a
+// view of one) is kept by reference, as a recomputation would find it again;
+// a slot that is one of the checkpoint's inputs (same storage, offset, sizes,
+// strides and dtype: a block's LayerNorm saves its input) is taken from the
+// frame's saved inputs at fetch, as a recomputation takes them (an enclosing
+// checkpoint that dropped them gives them back, and an input modified in
+// place is reported), so the tier holds no second copy; every other saved storage is copied into the tier once, however many slots
+// view it, on the tier's worker (forward does not wait), and the copy holds
+// the storage until it is written, then lets it go: from then on only the tier
+// has those bytes, unless something else still holds the tensor (a block's
+// output the next block reads). The region is taken from the tier on the
+// forward's thread, so a full tier fails the forward, with the reason, before
+// anything of that tensor is dropped. What cannot be offloaded (a tensor that
+// is not dense on the CPU, a tensor subclass, a conjugate or negative view,
+// a quantized tensor) fails the forward too: a slot is never silently kept.
+//
+// In place: each slot keeps its tensor's version counter. A fetch whose slot
+// was modified in place since it was saved raises CheckpointError, as
+// autograd does for a saved tensor modified in place; this also covers a
+// modification racing the copy into the tier, so a copy that may hold half
+// of a write is never read back. A copy that failed (an I/O error) fails the
+// fetch that needs it with the copy's error.
+//
+// Nested checkpoints: an offloaded frame's nested checkpoints save their
+// inputs into its slots like any; its fetch gives them back, and they
+// recompute (or fetch) their own as their options say.
+
+#include "checkpoint/offloaded_slots.h"
+
+#include <prefire/errors.h>
+
+#include "cuda/prefire_stream.h"
+#include "memory/storage_census.h"
+#include "offload/tier_store.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/StringUtil.h>
+
+#include <utility>
+
+namespace prefire::detail {
+namespace {
+
+// A prefetch's reads: an unpack waits for them before it hands a tensor out.
+class FetchReady final : public ReadyEvent {
+ public:
+  explicit FetchReady(std::vector<std::shared_ptr<Copy>> reads) : reads_(std::move(reads)) {}
+  void hand_over(const at::Tensor&) override {
+    for (const auto& read : reads_) read->wait();
+  }
+
+ private:
+  std::vector<std::shared_ptr<Copy>> reads_;
+};
+
+// Why `t` cannot go to a host tier, or nullptr when it can.
+const char* not_offloadable(const at::Tensor& t) {
+  if (!t.has_storage() || t.layout() != at::kStrided) return "it is not a dense tensor";
+  if (t.unsafeGetTensorImpl()->is_python_dispatch()) return "it is a tensor subclass";
+  if (!t.is_cpu()) return "it is not on the CPU (the host file tier takes CPU tensors)";
+  if (t.is_quantized()) return "it is quantized";
+  if (t.is_conj() || t.is_neg()) return "it is a conjugate or negative view";
+  return nullptr;
+}
+
+}  // namespace
+
+void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
+  TORCH_INTERNAL_ASSERT(slot == slots_.size(), "offloaded slots out of order");
+  Slot entry;
+  entry.version = tensor.unsafeGetTensorImpl()->version_counter();
+  entry.saved_version = entry.version.enabled() ? entry.version.current_version() : 0;
+  if (tensor.has_storage() && !is_activation(tensor)) {  // a parameter: see Note [Offloading a checkpoint]
+    entry.kept = tensor.requires_grad() ? tensor.tensor_data() : tensor;
+    std::lock_guard<std::mutex> lock(mu_);
+    slots_.push_back(std::move(entry));
+    return;
+  }
+  if (const char* why = not_offloadable(tensor)) {
+    throw CheckpointError(c10::str("prefire: an offloaded checkpoint saved a tensor its tier cannot take (saved tensor ",
+                                   slot, ", ", SlotMetadata::of(tensor).to_string(), "): ", why, ". Keep or "
+                                   "recompute this block instead of offloading it"));
+  }
+  for (size_t i = 0; i < forward_inputs_.size(); ++i) {
+    const at::Tensor& in = forward_inputs_[i];
+    if (in.defined() && in.has_storage() && in.storage().is_alias_of(tensor.storage()) &&
+        in.storage_offset() == tensor.storage_offset() && in.sizes() == tensor.sizes() &&
+        in.strides() == tensor.strides() && in.dtype() == tensor.dtype()) {
+      entry.input = static_cast<int>(i);
+      reads_inputs_ = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      slots_.push_back(std::move(entry));
+      return;
+    }
+  }
+  const c10::Storage& storage = tensor.storage();
+  auto found = by_storage_.find(storage.unsafeGetStorageImpl());
+  if (found == by_storage_.end()) {
+    Stored stored;
+    stored.nbytes = static_cast<int64_t>(storage.nbytes());
+    if (stored.nbytes > 0) {
+      // On this thread: a full tier fails the forward (Note [Offloading a checkpoint]).
+      stored.region = tier_->store().allocate(stored.nbytes, c10::str("saved tensor ", slot, " of a checkpoint"));
+      stored.written = tier_->store().write(storage, stored.region);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    found = by_storage_.emplace(storage.unsafeGetStorageImpl(), static_cast<int>(stored_.size())).first;
+    stored_.push_back(std::move(stored));
+    pins_.push_back(storage.getWeakStorageImpl());
+  }
+  entry.storage = found->second;
+  entry.offset = tensor.storage_offset();
+  entry.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
+  entry.strides.assign(tensor.strides().begin(), tensor.strides().end());
+  entry.dtype = tensor.dtype();
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stored_[entry.storage].holders;
+  slots_.push_back(std::move(entry));
+}
+
+void OffloadedSlots::forward_done() {
+  forward_inputs_ = {};
+  by_storage_ = {};
+  pins_ = {};
+}
+
+void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t count, bool prefetch,
+                           const std::vector<at::Tensor>& inputs) {
+  struct Fetch {
+    c10::Storage storage;
+    std::shared_ptr<Region> region;
+    std::shared_ptr<Copy> written;
+    bool needed = false;
+  };
+  std::vector<Fetch> fetches(stored_.size());
+  std::vector<at::Tensor> kept(count);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t slot = 0; slot < count; ++slot) {
+      const Slot& entry = slots_[slot];
+      if (entry.released || !slots.alive(slot)) continue;
+      if (entry.version.enabled() && entry.version.current_version() != entry.saved_version) {
+        throw CheckpointError(c10::str(
+            "prefire: saved tensor ", slot, " of an offloaded checkpoint was modified in place after it was saved "
+            "(version ", entry.saved_version, " at forward, ", entry.version.current_version(), " now); its copy "
+            "in the offload tier may not be what forward saved. Modify a clone instead, or modify it only after "
+            "backward"));
+      }
+      if (entry.input >= 0) {
+        const at::Tensor& in = inputs.at(entry.input);
+        kept[slot] = in.requires_grad() ? in.tensor_data() : in;
+      } else if (entry.storage < 0) {
+        kept[slot] = entry.kept;
+      } else if (!fetches[entry.storage].needed) {
+        fetches[entry.storage] = {c10::Storage(), stored_[entry.storage].region, stored_[entry.storage].written, true};
+      }
+    }
+  }
+  std::vector<std::shared_ptr<Copy>> reads;
+  for (size_t i = 0; i < fetches.size(); ++i) {
+    Fetch& f = fetches[i];
+    if (!f.needed) continue;
+    f.storage = c10::Storage(c10::Storage::use_byte_size_t(), stored_[i].nbytes, c10::GetCPUAllocator(),
+                             /*resizable=*/false);
+    if (!f.region) continue;  // 0 bytes
+    if (prefetch) {
+      reads.push_back(tier_->store().read_async(f.region, f.storage, f.written));
+    } else {
+      f.written->wait();
+      tier_->store().read_now(*f.region, f.storage);
+    }
+  }
+  r.reset(count);
+  for (size_t slot = 0; slot < count; ++slot) {
+    const Slot& entry = slots_[slot];  // its geometry is read-only since forward
+    if (entry.storage < 0) {
+      if (kept[slot].defined()) r.store(slot, std::move(kept[slot]), slots.counted(slot));
+      continue;
+    }
+    const Fetch& f = fetches[entry.storage];
+    if (!f.needed || !slots.alive(slot)) continue;
+    at::Tensor t = at::empty({0}, at::TensorOptions().dtype(entry.dtype));
+    t.set_(f.storage, entry.offset, entry.sizes, entry.strides);
+    r.store(slot, std::move(t), /*counted=*/true);  // a new storage, whatever forward's was
+    if (!slots.alive(slot)) r.drop(slot);  // released meanwhile (as the recompute driver does)
+  }
+  if (!reads.empty()) r.set_ready(std::make_shared<FetchReady>(std::move(reads)));
+}
+
+void OffloadedSlots::release(size_t slot) noexcept {
+  std::shared_ptr<Region> freed;  // given back to the tier after the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (slot >= slots_.size()) return;  // released while forward still runs: a slot not added yet
+  Slot& entry = slots_[slot];
+  if (entry.released) return;
+  entry.released = true;
+  entry.kept = at::Tensor();
+  if (entry.storage >= 0 && --stored_[entry.storage].holders == 0) freed = std::move(stored_[entry.storage].region);
+}
+
+}  // namespace prefire::detail

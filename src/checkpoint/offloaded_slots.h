@@ -1,0 +1,86 @@
+#pragma once
+
+// What an offloaded checkpoint keeps of its slots instead of recomputing them:
+// each saved storage's copy in an offload tier, and how each slot views it.
+// See Note [Offloading a checkpoint] in checkpoint/offloaded_slots.cpp.
+
+#include <prefire/offload.h>
+
+#include "checkpoint/recomputation.h"
+#include "checkpoint/slots.h"
+#include "offload/copy_worker.h"
+#include "offload/space.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace prefire::detail {
+
+class OffloadedSlots {
+ public:
+  /// `inputs`: the checkpoint's inputs, told apart from other saved tensors during forward.
+  OffloadedSlots(std::shared_ptr<OffloadTier> tier, const std::vector<at::Tensor>& inputs)
+      : tier_(std::move(tier)), forward_inputs_(inputs) {}
+
+  /// Forward: keeps `tensor`, saved as slot `slot` (slots come in order): a
+  /// parameter (a leaf that requires grad, or a view of one) by reference, one
+  /// of the checkpoint's inputs as the input's index, anything else as a copy
+  /// in the tier, queued on the tier's worker. Raises
+  /// CheckpointError, before anything of this slot is kept, when the tensor
+  /// cannot be offloaded (not a dense CPU tensor) or the tier is full.
+  void add(size_t slot, const at::Tensor& tensor);
+  /// Forward is done: storages are no longer told apart by address.
+  void forward_done();
+
+  /// Whether a fetch needs the checkpoint's inputs (some slot is one).
+  bool reads_inputs() const { return reads_inputs_; }
+  /// Fills `r` (reset to `count` slots) with the first `count` slots that
+  /// autograd still holds, taking input slots from `inputs` (the frame's
+  /// inputs unpacked; empty when !reads_inputs()): read back on this thread, or, for a prefetch,
+  /// queued on the tier's worker with `r`'s ready event waiting for the
+  /// reads. Raises CheckpointError when a slot's tensor was modified in place
+  /// since forward or its copy failed; nothing is stored then.
+  void fetch(Recomputation& r, const SlotTable& slots, size_t count, bool prefetch,
+             const std::vector<at::Tensor>& inputs);
+  /// Autograd released `slot`: its storage's copy goes once no held slot uses it.
+  void release(size_t slot) noexcept;
+
+ private:
+  struct Stored {  // one saved storage's copy
+    std::shared_ptr<Region> region;  // null once no held slot uses it (or for 0 bytes)
+    std::shared_ptr<Copy> written;
+    int64_t nbytes = 0;
+    int holders = 0;  // slots that use it and autograd holds
+  };
+  struct Slot {
+    int storage = -1;  // index into stored_; -1: kept by reference, or an input
+    int input = -1;    // the checkpoint's input it is
+    at::Tensor kept;
+    int64_t offset = 0;
+    c10::SmallVector<int64_t, 5> sizes;
+    c10::SmallVector<int64_t, 5> strides;
+    caffe2::TypeMeta dtype;
+    c10::VariableVersion version{c10::VariableVersion::Disabled::DISABLED};
+    uint32_t saved_version = 0;
+    bool released = false;
+  };
+
+  const std::shared_ptr<OffloadTier> tier_;
+  std::mutex mu_;  // guards stored_'s regions and holders, and each slot's `released`
+  std::vector<Stored> stored_;
+  std::vector<Slot> slots_;
+  bool reads_inputs_ = false;
+  // Forward only: the inputs, and each storage's index, pinned so that an address is not reused meanwhile.
+  std::vector<at::Tensor> forward_inputs_;
+  ska::flat_hash_map<const c10::StorageImpl*, int> by_storage_;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> pins_;
+};
+
+}  // namespace prefire::detail

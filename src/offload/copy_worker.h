@@ -1,0 +1,57 @@
+#pragma once
+
+// A thread that runs a tier's copies in the order they are queued: the host
+// tier's stand-in for a copy stream. Whoever needs a copy's bytes waits on
+// its Copy, as a stream waits on an event.
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace prefire::detail {
+
+/// One queued copy.
+class Copy {
+ public:
+  /// Blocks until the copy ran; rethrows what it raised.
+  void wait() const;
+  bool done() const;
+
+ private:
+  friend class CopyWorker;
+  void finish(std::exception_ptr error) noexcept;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable finished_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class CopyWorker {
+ public:
+  CopyWorker();
+  /// Runs every copy still queued, then ends the thread.
+  ~CopyWorker();
+  CopyWorker(const CopyWorker&) = delete;
+  CopyWorker& operator=(const CopyWorker&) = delete;
+
+  /// Queues `work` after every copy queued before it. `work` runs on the
+  /// worker thread; what it raises is kept for Copy::wait(). What `work`
+  /// holds is released on the worker thread once it ran.
+  std::shared_ptr<Copy> enqueue(std::function<void()> work);
+
+ private:
+  void run();
+
+  std::mutex mu_;
+  std::condition_variable queued_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<Copy>>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: started once the fields above exist
+};
+
+}  // namespace prefire::detail
