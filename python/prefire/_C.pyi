@@ -15,7 +15,24 @@ def checkpoint(
     determinism_check: str,
     early_stop: bool,
     context_fn: Optional[Callable[[], Tuple[ContextManager, ContextManager]]],
+    offload_to: Optional[OffloadTier],
 ) -> List[torch.Tensor]: ...
+
+class OffloadTier:
+    @staticmethod
+    def host_file(directory: str, capacity_bytes: int) -> OffloadTier: ...
+    @property
+    def capacity_bytes(self) -> int: ...
+    @property
+    def used_bytes(self) -> int: ...
+    @property
+    def peak_used_bytes(self) -> int: ...
+    def reset_peak(self) -> None: ...
+    @property
+    def bytes_written(self) -> int: ...
+    @property
+    def bytes_read(self) -> int: ...
+    def synchronize(self) -> None: ...
 
 class CheckpointHandle:
     @property
@@ -156,6 +173,7 @@ class SessionStats:
 
 class RuntimeStats:
     recomputations: int
+    offload_fetches: int
     unshared_recomputations: int
     wasted_prefires: int
     recomputed_bytes: int

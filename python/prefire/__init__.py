@@ -32,6 +32,8 @@ from . import _C, cuda  # noqa: E402
 from ._allocator import AllocatorBytes, AllocatorPeak, allocator_bytes, count_cpu_allocations, reset_allocator_peak
 from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpoint_sequential, checkpoint_wrapper
 from ._meter import SavedTensorMeter
+
+OffloadTier = _C.OffloadTier
 from ._plan import (
     BlockCost,
     Choice,
@@ -74,6 +76,7 @@ __all__ = [
     "Choice",
     "MATMUL_AND_ATTENTION",
     "MemoryPlanner",
+    "OffloadTier",
     "Plan",
     "PlannedBlock",
     "Release",

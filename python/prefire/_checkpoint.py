@@ -276,10 +276,12 @@ def checkpoint(
     debug: bool = False,
     early_stop: bool = True,
     preserve_rng_state: bool = True,
+    offload_to: Optional[_C.OffloadTier] = None,
     **kwargs: Any,
 ) -> Any:
     """Runs ``function(*args, **kwargs)`` without keeping the tensors autograd
-    saves inside it; backward recomputes them.
+    saves inside it; backward recomputes them (or, with ``offload_to``, reads
+    them back from an offload tier).
 
     The calling convention of ``torch.utils.checkpoint.checkpoint(function,
     *args, use_reentrant=False, ...)``: positional and keyword arguments,
@@ -308,12 +310,20 @@ def checkpoint(
             forward overrides it, as it does torch's.
         preserve_rng_state: restore the CPU and CUDA generators of forward for
             the recomputation.
+        offload_to: a :class:`prefire.OffloadTier`: the tensors forward saves
+            are copied there as they are saved and read back for backward
+            instead of being recomputed (``function`` runs once); a prefire of
+            the checkpoint's handle prefetches them. ``None``: recompute.
 
     Raises:
         CheckpointError: a recomputation that does not match forward, a saved
             tensor modified in place, and other misuse torch reports so.
     """
     if torch.compiler.is_compiling():
+        if offload_to is not None:  # torch's checkpoint would recompute: never offload silently
+            raise ValueError("prefire.checkpoint: offload_to is not supported inside a region torch.compile traces; "
+                             "call the offloaded checkpoint outside it (prefire.checkpoint(torch.compile(block), "
+                             "...))")
         return _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determinism_check, debug,
                                               early_stop, preserve_rng_state)
     if use_reentrant:
@@ -328,7 +338,8 @@ def checkpoint(
     if planned is not None:
         def with_context(context: Optional[Callable[[], Tuple[ContextManager, ContextManager]]]) -> Any:
             return checkpoint(function, *args, context_fn=context, determinism_check=determinism_check,
-                              early_stop=early_stop, preserve_rng_state=preserve_rng_state, **kwargs)
+                              early_stop=early_stop, preserve_rng_state=preserve_rng_state, offload_to=offload_to,
+                              **kwargs)
         return _run_planned(planned, lambda: with_context(context_fn), lambda: function(*args, **kwargs),
                             with_context if context_fn is None else None, args, kwargs)
     forced = torch_checkpoint._enable_checkpoint_early_stop  # set_checkpoint_early_stop wins, as in torch
@@ -383,7 +394,7 @@ def checkpoint(
 
     selective: List[_EveryRecomputation] = []
     tensors = _C.checkpoint(run, [leaves[i] for i in where], preserve_rng_state, determinism_check, early_stop,
-                            _for_prefire(context_fn, selective))
+                            _for_prefire(context_fn, selective), offload_to)
     _held.storages = {key: nbytes for recompute in selective for key, nbytes in recompute.count().items()}
     for i in where:  # recomputations get them from the checkpoint, which saved them through autograd
         leaves[i] = None

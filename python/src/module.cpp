@@ -185,8 +185,10 @@ DeterminismCheck parse_check(const std::string& name) {
 }
 
 TensorList checkpoint_(py::function run, const TensorList& inputs, bool preserve_rng_state,
-                       const std::string& determinism_check, bool early_stop, const py::object& context_fn) {
+                       const std::string& determinism_check, bool early_stop, const py::object& context_fn,
+                       std::shared_ptr<OffloadTier> offload_to) {
   CheckpointOptions options;
+  options.offload_to = std::move(offload_to);
   options.preserve_rng_state = preserve_rng_state;
   options.determinism_check = parse_check(determinism_check);
   options.early_stop = early_stop;
@@ -289,7 +291,21 @@ PYBIND11_MODULE(_C, m) {
   prefire::detail::set_hook_source(hooks);
 
   m.def("checkpoint", &checkpoint_, py::arg("run"), py::arg("inputs"), py::arg("preserve_rng_state"),
-        py::arg("determinism_check"), py::arg("early_stop"), py::arg("context_fn"));
+        py::arg("determinism_check"), py::arg("early_stop"), py::arg("context_fn"), py::arg("offload_to"));
+
+  py::class_<OffloadTier, std::shared_ptr<OffloadTier>>(
+      m, "OffloadTier", "Where offloaded checkpoints keep their saved tensors (prefire/offload.h).")
+      .def_static("host_file", &OffloadTier::host_file, py::arg("directory"), py::arg("capacity_bytes"),
+                  "A host tier for CPU tensors: a file of capacity_bytes in directory, reserved and unlinked at "
+                  "once; copies run on a worker thread of the tier")
+      .def_property_readonly("capacity_bytes", &OffloadTier::capacity_bytes)
+      .def_property_readonly("used_bytes", &OffloadTier::used_bytes, "bytes offloaded tensors hold now (in pages)")
+      .def_property_readonly("peak_used_bytes", &OffloadTier::peak_used_bytes)
+      .def("reset_peak", &OffloadTier::reset_peak)
+      .def_property_readonly("bytes_written", &OffloadTier::bytes_written, "bytes copied into the tier so far")
+      .def_property_readonly("bytes_read", &OffloadTier::bytes_read, "bytes copied out of the tier so far")
+      .def("synchronize", &OffloadTier::synchronize, py::call_guard<py::gil_scoped_release>(),
+           "Blocks until every copy queued so far is done");
 
   py::class_<CheckpointHandle>(m, "CheckpointHandle", "A checkpoint collected in forward, for prefire/attach.")
       .def_property_readonly("expired", &CheckpointHandle::expired);
@@ -389,6 +405,8 @@ PYBIND11_MODULE(_C, m) {
                            "Process-wide counters (prefire.runtime_stats()): counts since start, bytes now and at the "
                            "peak since start or reset_runtime_peak().")
       .def_readonly("recomputations", &RuntimeStats::recomputations, "recomputations of a checkpoint, any key")
+      .def_readonly("offload_fetches", &RuntimeStats::offload_fetches,
+                    "fetches of an offloaded checkpoint's saved tensors, any key")
       .def_readonly("unshared_recomputations", &RuntimeStats::unshared_recomputations,
                     "the part of recomputations no session kept (one per backward that needed it)")
       .def_readonly("wasted_prefires", &RuntimeStats::wasted_prefires,
@@ -403,6 +421,7 @@ PYBIND11_MODULE(_C, m) {
         auto str = [](int64_t v) { return std::to_string(v); };
         return fields_repr("RuntimeStats",
                            {{"recomputations", str(s.recomputations)},
+                            {"offload_fetches", str(s.offload_fetches)},
                             {"unshared_recomputations", str(s.unshared_recomputations)},
                             {"wasted_prefires", str(s.wasted_prefires)}, {"recomputed_bytes", str(s.recomputed_bytes)},
                             {"peak_recomputed_bytes", str(s.peak_recomputed_bytes)},

@@ -45,6 +45,18 @@ std::shared_ptr<Copy> CopyWorker::enqueue(std::function<void()> work) {
   return copy;
 }
 
+std::shared_ptr<Copy> CopyWorker::run_here(const std::function<void()>& work) {
+  auto copy = std::make_shared<Copy>();
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  copy->finish(std::move(error));
+  return copy;
+}
+
 void CopyWorker::run() {
   for (;;) {
     std::pair<std::function<void()>, std::shared_ptr<Copy>> next;

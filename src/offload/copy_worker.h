@@ -43,6 +43,9 @@ class CopyWorker {
   /// worker thread; what it raises is kept for Copy::wait(). What `work`
   /// holds is released on the worker thread once it ran.
   std::shared_ptr<Copy> enqueue(std::function<void()> work);
+  /// Runs `work` on this thread now, as the worker would (what it raises is
+  /// kept for Copy::wait()); for copies the worker must not run.
+  static std::shared_ptr<Copy> run_here(const std::function<void()>& work);
 
  private:
   void run();

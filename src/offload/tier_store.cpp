@@ -88,6 +88,13 @@ void TierStore::read_now(const Region& region, c10::Storage& storage) {
 }
 
 std::shared_ptr<Copy> TierStore::write(c10::Storage storage, std::shared_ptr<Region> region) {
+  // A storage with a Python object may need the GIL when its last reference
+  // goes, and a Python thread holding the GIL may wait for this worker (a
+  // fetch inside a saved-tensor unpack hook): such a storage is written here,
+  // on the saving thread, and never reaches the worker.
+  if (storage.unsafeGetStorageImpl()->pyobj_slot()->load_pyobj() != nullptr) {
+    return CopyWorker::run_here([&] { write_now(storage, *region); });
+  }
   return worker_.enqueue(
       [this, storage = std::move(storage), region = std::move(region)] { write_now(storage, *region); });
 }

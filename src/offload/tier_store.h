@@ -31,7 +31,8 @@ class TierStore {
   /// the tier is and what asked (`what`), when no free run is long enough.
   std::shared_ptr<Region> allocate(int64_t nbytes, const std::string& what);
   /// Queues a copy of `storage`'s first region->nbytes bytes into `region`.
-  /// The copy holds both and releases the storage once it is written.
+  /// The copy holds both and releases the storage once it is written; a
+  /// storage that has a Python object is written on this thread instead.
   std::shared_ptr<Copy> write(c10::Storage storage, std::shared_ptr<Region> region);
   /// Queues a copy of `region` into `storage` (after every copy queued before
   /// it); raises, on the worker, what `written` (the copy into `region`) raised.

@@ -1,0 +1,185 @@
+"""Offloaded checkpoints from Python (prefire.checkpoint(..., offload_to=tier)
+on the host file tier): gradients bit-equal to no checkpointing with dropout,
+the function run once; B and W sharing one prefetched copy in a session
+(torch's split backward); checkpoint_wrapper; transformers models through
+prefire.integrations.transformers; the saved bytes leave the CPU allocator
+(the instrument that sees every allocation) once their copies are written;
+clear errors for a tier that cannot be made, a full tier and torch.compile.
+CPU, one intra-op thread (conftest.py)."""
+
+import pytest
+import torch
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+import prefire
+
+TIER_BYTES = 64 << 20
+
+
+@pytest.fixture
+def tier(tmp_path):
+    return prefire.OffloadTier.host_file(str(tmp_path), TIER_BYTES)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim=32, p=0.2):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.up = torch.nn.Linear(dim, 4 * dim)
+        self.down = torch.nn.Linear(4 * dim, dim)
+        self.drop = torch.nn.Dropout(p)
+        self.runs = 0
+
+    def forward(self, x):
+        self.runs += 1
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(self.norm(x)))))
+
+
+def blocks(n=3, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.ModuleList(Block() for _ in range(n))
+
+
+def grads(model, wrap, seed=1):
+    torch.manual_seed(seed)
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    torch.manual_seed(seed + 1)
+    y = x
+    for b in model:
+        y = wrap(b, y)
+    y.square().sum().backward()
+    out = [x.grad] + [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return out
+
+
+def test_offloaded_blocks_give_unchecked_gradients_and_run_once(tier):
+    model = blocks()
+    expected = grads(model, lambda b, y: b(y))
+    for b in model:
+        b.runs = 0
+    before = prefire.runtime_stats()
+    got = grads(model, lambda b, y: prefire.checkpoint(b, y, offload_to=tier))
+    after = prefire.runtime_stats()
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    assert [b.runs for b in model] == [1, 1, 1], "an offloaded block is read back, not run again"
+    assert after.recomputations == before.recomputations
+    assert after.offload_fetches - before.offload_fetches == 3
+    assert tier.bytes_read == tier.bytes_written > 0
+    assert tier.used_bytes == 0, "the tier's regions go with the graph"
+
+
+def test_checkpoint_wrapper_takes_offload_to(tier):
+    model = blocks(seed=2)
+    expected = grads(model, lambda b, y: b(y))
+    wrapped = torch.nn.ModuleList(prefire.checkpoint_wrapper(b, offload_to=tier) for b in model)
+    got = grads(wrapped, lambda b, y: b(y))
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    assert tier.bytes_written > 0
+
+
+def split(model, offload_to, prefetch):
+    """torch.distributed.pipelining's split backward on the blocks: B for the
+    input, then W, sharing session 71."""
+    torch.manual_seed(3)
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    torch.manual_seed(4)
+    with prefire.collect() as handles:
+        y = x
+        for b in model:
+            y = prefire.checkpoint(b, y, offload_to=offload_to) if offload_to is not None else b(y)
+    for h in handles:
+        if prefetch:
+            assert prefire.prefire(h, 71) == prefire.PrefireStatus.RECOMPUTED
+        else:
+            assert prefire.attach(h, 71)
+    params = list(model.parameters())
+    with prefire.session(71, retain_on_unpack=True):
+        (dx,), groups = stage_backward_input([y], [torch.ones_like(y)], [x], iter(params))
+    with prefire.session(71):
+        stage_backward_weight(iter(params), groups)
+    prefire.clear_session(71)
+    out = [dx] + [p.grad.clone() for p in params]
+    model.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_b_and_w_share_one_fetch_per_block_prefetched_or_lazy(tier, prefetch):
+    model = blocks(seed=5)
+    expected = split(model, None, False)
+    before = prefire.runtime_stats()
+    got = split(model, tier, prefetch)
+    after = prefire.runtime_stats()
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    assert after.offload_fetches - before.offload_fetches == 3, "one fetch per block serves B and every W group"
+    assert after.unshared_recomputations == before.unshared_recomputations
+    assert after.recomputed_bytes == 0
+
+
+def test_offloaded_bytes_leave_the_cpu_allocator_once_written(tier):
+    prefire.count_cpu_allocations()
+    model = blocks(seed=6)
+    torch.manual_seed(7)
+    x = torch.randn(4, 8, 32, requires_grad=True)
+
+    def heap_after_forward(wrap):
+        start = prefire.allocator_bytes("cpu").current
+        y = x
+        for b in model:
+            y = wrap(b, y)
+        tier.synchronize()
+        return prefire.allocator_bytes("cpu").current - start, y
+
+    unchecked, y0 = heap_after_forward(lambda b, y: b(y))
+    recomputed, y1 = heap_after_forward(lambda b, y: prefire.checkpoint(b, y))
+    offloaded, y2 = heap_after_forward(lambda b, y: prefire.checkpoint(b, y, offload_to=tier))
+    assert offloaded == recomputed, "an offloaded chain holds on the heap what a recomputed one does"
+    assert unchecked - offloaded == tier.bytes_written, "the tier holds what the unchecked chain kept"
+    del y0, y1
+    y2.sum().backward()
+
+
+def test_a_tier_that_cannot_be_made_or_is_full_says_so(tmp_path):
+    with pytest.raises(prefire.CheckpointError, match="nonexistent"):
+        prefire.OffloadTier.host_file(str(tmp_path / "nonexistent"), 1 << 20)
+    with pytest.raises(ValueError, match="at least one page"):
+        prefire.OffloadTier.host_file(str(tmp_path), 10)
+    small = prefire.OffloadTier.host_file(str(tmp_path), 2 * 4096)
+    model = blocks(seed=8)
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    with pytest.raises(prefire.CheckpointError, match="is full"):
+        prefire.checkpoint(model[0], x, offload_to=small)
+    small.synchronize()
+    assert small.used_bytes == 0
+
+
+def test_offload_inside_torch_compile_is_refused(tier):
+    block = blocks(1, seed=9)[0]
+
+    def f(x):
+        return prefire.checkpoint(block, x, offload_to=tier)
+
+    with pytest.raises(Exception, match="offload_to is not supported inside a region torch.compile traces"):
+        torch.compile(f, backend="eager", fullgraph=True)(torch.randn(2, 32, requires_grad=True))
+
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_transformers_layers_offloaded_train_bit_equal_to_unchecked(tier, kind):
+    from test_transformers import count_runs, tiny, train
+
+    from prefire.integrations import transformers as prefire_transformers
+
+    unchecked = tiny(kind)
+    unchecked.config.use_cache = False
+    expected = train(unchecked, 2)
+    offloaded = prefire_transformers.enable(tiny(kind), offload_to=tier)
+    runs = count_runs(offloaded)
+    got = train(offloaded, 2)
+    assert all(torch.equal(g, e) for g, e in zip(got[0], expected[0]))
+    assert all(torch.equal(g, e) for g, e in zip(got[1], expected[1]))
+    assert runs == [2] * len(runs), "each layer runs once per forward of the two steps, never again"
+    assert tier.bytes_written > 0
