@@ -1,4 +1,4 @@
-// Offloaded checkpoints on the host file tier: gradients bit-equal to the
+// Offloaded checkpoints on the host file tier, whole or inputs only: gradients bit-equal to the
 // unchecked block in every path (plain backward, B and W sharing one fetch in
 // a session, prefetch ahead, nested with recomputed checkpoints, dropout),
 // the function never runs again, the saved bytes leave the CPU allocator once
@@ -90,7 +90,10 @@ TEST(Offload, SavedBytesLeaveTheCpuAllocatorOnceTheirCopiesAreWritten) {
 /// `session` (prefetched ahead when `prefetch`, else attached: the first pass
 /// fetches), the blocks offloaded to `t` or, with t == nullptr, unchecked.
 std::pair<TensorList, TensorList> split(const Stage& stage, uint64_t seed, const std::shared_ptr<OffloadTier>& t,
-                                        SessionId session, bool prefetch, std::atomic<int>* runs = nullptr) {
+                                        SessionId session, bool prefetch, std::atomic<int>* runs = nullptr,
+                                        bool inputs_only = false) {
+  CheckpointOptions options = offload_to(t);
+  options.offload_inputs_only = inputs_only;
   auto x = input(seed);
   at::manual_seed(seed + 100);
   auto gy = at::randn({2, 5, kDim});
@@ -101,7 +104,7 @@ std::pair<TensorList, TensorList> split(const Stage& stage, uint64_t seed, const
     HandleCollector collect;
     y = x;
     for (const auto& b : stage.blocks) {
-      y = t ? checkpoint(runs ? counted(b.fn(), *runs) : b.fn(), {y}, offload_to(t))[0] : b.forward(y);
+      y = t ? checkpoint(runs ? counted(b.fn(), *runs) : b.fn(), {y}, options)[0] : b.forward(y);
     }
     handles = collect.handles();
   }
@@ -266,6 +269,63 @@ TEST(Offload, APrefetchNoPassUsedIsReleasedAtClearAndTheTierWhenTheGraphGoes) {
   EXPECT_GT(t->used_bytes(), 0) << "the tier keeps the copies while the graph lives";
   y = at::Tensor();
   EXPECT_EQ(t->used_bytes(), 0);
+}
+
+CheckpointOptions inputs_only(std::shared_ptr<OffloadTier> t) {
+  CheckpointOptions options = offload_to(std::move(t));
+  options.offload_inputs_only = true;
+  return options;
+}
+
+TEST(OffloadInputsOnly, AChainRecomputesOnceFromInputsReadBackAndTheInputsLeaveTheHeap) {
+  count_cpu_allocations();
+  at::manual_seed(20);
+  Stage stage(3, /*dropout=*/0.2, kDim);
+  auto t = tier();
+  auto x = input(21);
+  const TensorList wrt = concat({x}, stage.params());
+  at::manual_seed(22);
+  const auto expected = grads(stage.forward(x, false), wrt);
+
+  auto heap_after_forward = [&](const CheckpointOptions& options) {
+    const int64_t start = allocator_bytes(c10::kCPU).current;
+    at::manual_seed(22);
+    at::Tensor y = stage.forward(x, true, options);
+    t->synchronize();
+    return std::make_pair(allocator_bytes(c10::kCPU).current - start, y);
+  };
+  auto [recomputed, y1] = heap_after_forward({});
+  auto [offloaded, y2] = heap_after_forward(inputs_only(t));
+  // x is the caller's leaf (kept by reference); the inputs of blocks 2 and 3 go to the tier.
+  EXPECT_EQ(t->bytes_written(), 2 * x.nbytes());
+  EXPECT_EQ(recomputed - offloaded, t->bytes_written()) << "the checkpoints' inputs left the heap";
+  y1 = at::Tensor();
+  const int64_t recomputations = runtime_stats().recomputations;
+  expect_all_equal(grads(y2, wrt), expected);
+  EXPECT_EQ(runtime_stats().recomputations - recomputations, 3) << "each block recomputes once, from its inputs";
+  EXPECT_EQ(t->bytes_read(), t->bytes_written());
+}
+
+TEST(OffloadInputsOnly, BAndWShareOneRecomputationPrefiredOrLazy) {
+  at::manual_seed(23);
+  Stage stage(3, 0.1, kDim);
+  auto [dx_ref, dw_ref] = split(stage, 24, nullptr, 603, false);
+  for (bool prefired : {true, false}) {
+    auto t = tier();
+    std::atomic<int> runs{0};
+    auto [dx, dw] = split(stage, 24, t, 603, prefired, &runs, /*inputs_only=*/true);
+    expect_all_equal(dx, dx_ref);
+    expect_all_equal(dw, dw_ref);
+    EXPECT_EQ(runs, 6) << "forward and one recomputation per block";
+  }
+}
+
+TEST(OffloadInputsOnly, WithoutATierIsRefused) {
+  CheckpointOptions options;
+  options.offload_inputs_only = true;
+  Block block(kDim);
+  EXPECT_THAT(message_of<std::invalid_argument>([&] { checkpoint(block.fn(), {input(25)}, options); }),
+              HasSubstr("offload_to"));
 }
 }  // namespace
 }  // namespace prefire::testing

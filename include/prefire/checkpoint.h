@@ -76,6 +76,10 @@ struct CheckpointOptions {
   /// `fn` is not run again, so preserve_rng_state and the determinism check
   /// have nothing to do. nullptr (the default): recompute. See prefire/offload.h.
   std::shared_ptr<OffloadTier> offload_to;
+  /// With offload_to: offload only the checkpoint's inputs (what a checkpoint
+  /// keeps between forward and backward) and recompute the rest as usual;
+  /// the recomputation reads its inputs back first.
+  bool offload_inputs_only = false;
 };
 
 /// Runs `fn(inputs)` without keeping the tensors autograd saves inside it;

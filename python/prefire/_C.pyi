@@ -16,6 +16,7 @@ def checkpoint(
     early_stop: bool,
     context_fn: Optional[Callable[[], Tuple[ContextManager, ContextManager]]],
     offload_to: Optional[OffloadTier],
+    offload_inputs_only: bool,
 ) -> List[torch.Tensor]: ...
 
 class OffloadTier:

@@ -277,6 +277,7 @@ def checkpoint(
     early_stop: bool = True,
     preserve_rng_state: bool = True,
     offload_to: Optional[_C.OffloadTier] = None,
+    offload_inputs_only: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Runs ``function(*args, **kwargs)`` without keeping the tensors autograd
@@ -314,6 +315,9 @@ def checkpoint(
             are copied there as they are saved and read back for backward
             instead of being recomputed (``function`` runs once); a prefire of
             the checkpoint's handle prefetches them. ``None``: recompute.
+        offload_inputs_only: with ``offload_to``, offload only the
+            checkpoint's inputs (what a checkpoint keeps until backward) and
+            recompute the rest; the recomputation reads its inputs back first.
 
     Raises:
         CheckpointError: a recomputation that does not match forward, a saved
@@ -339,7 +343,7 @@ def checkpoint(
         def with_context(context: Optional[Callable[[], Tuple[ContextManager, ContextManager]]]) -> Any:
             return checkpoint(function, *args, context_fn=context, determinism_check=determinism_check,
                               early_stop=early_stop, preserve_rng_state=preserve_rng_state, offload_to=offload_to,
-                              **kwargs)
+                              offload_inputs_only=offload_inputs_only, **kwargs)
         return _run_planned(planned, lambda: with_context(context_fn), lambda: function(*args, **kwargs),
                             with_context if context_fn is None else None, args, kwargs)
     forced = torch_checkpoint._enable_checkpoint_early_stop  # set_checkpoint_early_stop wins, as in torch
@@ -394,7 +398,7 @@ def checkpoint(
 
     selective: List[_EveryRecomputation] = []
     tensors = _C.checkpoint(run, [leaves[i] for i in where], preserve_rng_state, determinism_check, early_stop,
-                            _for_prefire(context_fn, selective), offload_to)
+                            _for_prefire(context_fn, selective), offload_to, offload_inputs_only)
     _held.storages = {key: nbytes for recompute in selective for key, nbytes in recompute.count().items()}
     for i in where:  # recomputations get them from the checkpoint, which saved them through autograd
         leaves[i] = None

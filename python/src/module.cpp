@@ -186,9 +186,10 @@ DeterminismCheck parse_check(const std::string& name) {
 
 TensorList checkpoint_(py::function run, const TensorList& inputs, bool preserve_rng_state,
                        const std::string& determinism_check, bool early_stop, const py::object& context_fn,
-                       std::shared_ptr<OffloadTier> offload_to) {
+                       std::shared_ptr<OffloadTier> offload_to, bool offload_inputs_only) {
   CheckpointOptions options;
   options.offload_to = std::move(offload_to);
+  options.offload_inputs_only = offload_inputs_only;
   options.preserve_rng_state = preserve_rng_state;
   options.determinism_check = parse_check(determinism_check);
   options.early_stop = early_stop;
@@ -291,7 +292,8 @@ PYBIND11_MODULE(_C, m) {
   prefire::detail::set_hook_source(hooks);
 
   m.def("checkpoint", &checkpoint_, py::arg("run"), py::arg("inputs"), py::arg("preserve_rng_state"),
-        py::arg("determinism_check"), py::arg("early_stop"), py::arg("context_fn"), py::arg("offload_to"));
+        py::arg("determinism_check"), py::arg("early_stop"), py::arg("context_fn"), py::arg("offload_to"),
+        py::arg("offload_inputs_only"));
 
   py::class_<OffloadTier, std::shared_ptr<OffloadTier>>(
       m, "OffloadTier", "Where offloaded checkpoints keep their saved tensors (prefire/offload.h).")

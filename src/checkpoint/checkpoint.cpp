@@ -49,6 +49,10 @@ void validate(const CheckpointFn& fn, const CheckpointOptions& options) {
                                   std::to_string(static_cast<int>(options.determinism_check)) +
                                   "; use DeterminismCheck::kNone, kMetadata or kChecksum");
   }
+  if (options.offload_inputs_only && !options.offload_to) {
+    throw std::invalid_argument("prefire::checkpoint: options.offload_inputs_only needs options.offload_to, the "
+                                "tier to offload the inputs to");
+  }
   if (!is_installed()) {
     throw CheckpointError(
         "prefire::checkpoint: prefire's autograd engine is not the default engine. Call prefire::install() "

@@ -97,6 +97,10 @@ class SlotRef final : public PackedTensor {
   size_t slot_;
 };
 
+// Whether the checkpoint offloads what it saves (Note [Offloading a checkpoint]
+// in checkpoint/offloaded_slots.cpp) rather than recomputing it.
+bool offloads_saved(const CheckpointOptions& options) { return options.offload_to && !options.offload_inputs_only; }
+
 // See Note [Early stop]: a kernel pending after the last save on at least
 // this many input elements (64 KiB of float) costs about what the stop does
 // on a CPU, or more.
@@ -125,9 +129,9 @@ Frame::Frame(CheckpointFn fn, const TensorList& inputs, const CheckpointOptions&
     : fn_(std::move(fn)),
       options_(options),
       // An offloaded frame never runs `fn` again: no generator state to restore.
-      state_(CapturedState::capture(inputs, options.preserve_rng_state && !options.offload_to)),
-      inputs_(inputs),
-      offloaded_(options.offload_to ? std::make_unique<OffloadedSlots>(options.offload_to, inputs) : nullptr) {
+      state_(CapturedState::capture(inputs, options.preserve_rng_state && !offloads_saved(options))),
+      inputs_(inputs, options.offload_inputs_only ? options.offload_to : nullptr),
+      offloaded_(offloads_saved(options) ? std::make_unique<OffloadedSlots>(options.offload_to, inputs) : nullptr) {
   for (const auto& input : inputs) {
     if (input.defined() && input.has_storage()) {
       forward_uncounted_.insert(input.storage().unsafeGetStorageImpl());

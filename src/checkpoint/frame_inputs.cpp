@@ -21,17 +21,94 @@
 // throw-away graph. torch.utils.checkpoint recomputes from its saved inputs
 // the same way.
 
+//
+// Note [Offloading only a checkpoint's inputs]
+// With CheckpointOptions::offload_inputs_only, a checkpoint recomputes what it
+// saves, as any does, and offloads what a checkpoint otherwise keeps: its
+// inputs (in a chain of checkpointed blocks, each block's input is the only
+// activation held between forward and backward; transformers' offload option
+// moves the same tensors). The inputs are saved through autograd as always,
+// with a context of their own on top of the hook stack, which packs each into
+// the tier (a parameter, which stays in memory anyway, by reference) and
+// unpacks it by reading it back on the unpacking thread: a recomputation, lazy
+// or prefired, reads its inputs first. What cannot be offloaded fails the
+// forward, before anything is dropped. In-place changes are still caught by the
+// version counters below. The context replaces the enclosing checkpoint's for
+// these saves: an offloaded input is not also dropped by an enclosing
+// checkpoint (it holds no memory there either).
+
 #include "checkpoint/frame_inputs.h"
 
 #include <prefire/errors.h>
 
+#include "hooks/hook_stack.h"
+#include "memory/storage_census.h"
+#include "offload/storage_copy.h"
+
+#include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <optional>
 #include <string>
 
 namespace prefire::detail {
+namespace {
 
-FrameInputs::FrameInputs(const TensorList& inputs) {
+// A parameter among the inputs: what a recomputation would find again.
+class KeptInput final : public PackedTensor {
+ public:
+  explicit KeptInput(at::Tensor t) : tensor_(std::move(t)) {}
+  at::Tensor unpack() override { return tensor_; }
+
+ private:
+  at::Tensor tensor_;
+};
+
+class OffloadedInput final : public PackedTensor {
+ public:
+  OffloadedInput(std::shared_ptr<OffloadTier> tier, StorageCopy copy, ViewGeometry view)
+      : tier_(std::move(tier)), copy_(std::move(copy)), view_(std::move(view)) {}
+  at::Tensor unpack() override { return view_.over(copy_.read_now(tier_->store())); }
+
+ private:
+  std::shared_ptr<OffloadTier> tier_;
+  StorageCopy copy_;
+  ViewGeometry view_;
+};
+
+// See Note [Offloading only a checkpoint's inputs].
+class InputOffload final : public HookContext {
+ public:
+  explicit InputOffload(std::shared_ptr<OffloadTier> tier) : tier_(std::move(tier)) {}
+
+  std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override {
+    const size_t index = count_++;
+    if (tensor.has_storage() && !is_activation(tensor)) {
+      return std::make_unique<KeptInput>(tensor.requires_grad() ? tensor.tensor_data() : tensor);
+    }
+    if (const char* why = not_offloadable(tensor)) {
+      throw CheckpointError(c10::str("prefire: input ", index, " of a checkpoint that offloads its inputs cannot go "
+                                     "to its tier: ", why, ". Recompute this block without offloading"));
+    }
+    return std::make_unique<OffloadedInput>(
+        tier_, StorageCopy::start(tier_->store(), tensor.storage(), c10::str("input ", index, " of a checkpoint")),
+        ViewGeometry::of(tensor));
+  }
+
+ private:
+  std::shared_ptr<OffloadTier> tier_;
+  size_t count_ = 0;
+};
+
+}  // namespace
+
+FrameInputs::FrameInputs(const TensorList& inputs, const std::shared_ptr<OffloadTier>& offload_to) {
+  std::optional<InputOffload> offload;
+  std::optional<HookContextScope> scope;
+  if (offload_to) {
+    offload.emplace(offload_to);
+    scope.emplace(&*offload);
+  }
   saved_.reserve(inputs.size());
   versions_.reserve(inputs.size());
   saved_versions_.reserve(inputs.size());

@@ -5,11 +5,13 @@
 // tensors] in checkpoint/frame_inputs.cpp.
 
 #include <prefire/checkpoint.h>
+#include <prefire/offload.h>
 
 #include <c10/core/Device.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -20,7 +22,10 @@ class FrameInputs {
   /// Saves `inputs` through autograd: an enclosing hook context (the
   /// checkpoint this one is nested in) packs them. Made before the frame's
   /// own context is pushed.
-  explicit FrameInputs(const TensorList& inputs);
+  ///
+  /// With `offload_to`, the inputs are packed into that tier instead (Note
+  /// [Offloading only a checkpoint's inputs]), and unpack() reads them back.
+  explicit FrameInputs(const TensorList& inputs, const std::shared_ptr<OffloadTier>& offload_to = nullptr);
 
   /// What a recomputation runs on: the saved inputs, unpacked. Raises
   /// CheckpointError when one was modified in place since forward.

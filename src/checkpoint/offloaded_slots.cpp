@@ -51,8 +51,6 @@
 #include "memory/storage_census.h"
 #include "offload/tier_store.h"
 
-#include <ATen/ops/empty.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/util/StringUtil.h>
 
 #include <utility>
@@ -71,16 +69,6 @@ class FetchReady final : public ReadyEvent {
  private:
   std::vector<std::shared_ptr<Copy>> reads_;
 };
-
-// Why `t` cannot go to a host tier, or nullptr when it can.
-const char* not_offloadable(const at::Tensor& t) {
-  if (!t.has_storage() || t.layout() != at::kStrided) return "it is not a dense tensor";
-  if (t.unsafeGetTensorImpl()->is_python_dispatch()) return "it is a tensor subclass";
-  if (!t.is_cpu()) return "it is not on the CPU (the host file tier takes CPU tensors)";
-  if (t.is_quantized()) return "it is quantized";
-  if (t.is_conj() || t.is_neg()) return "it is a conjugate or negative view";
-  return nullptr;
-}
 
 }  // namespace
 
@@ -115,23 +103,15 @@ void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
   const c10::Storage& storage = tensor.storage();
   auto found = by_storage_.find(storage.unsafeGetStorageImpl());
   if (found == by_storage_.end()) {
-    Stored stored;
-    stored.nbytes = static_cast<int64_t>(storage.nbytes());
-    if (stored.nbytes > 0) {
-      // On this thread: a full tier fails the forward (Note [Offloading a checkpoint]).
-      stored.region = tier_->store().allocate(stored.nbytes, c10::str("saved tensor ", slot, " of a checkpoint"));
-      stored.written = tier_->store().write(storage, stored.region);
-    }
+    // On this thread: a full tier fails the forward (Note [Offloading a checkpoint]).
+    Stored stored{StorageCopy::start(tier_->store(), storage, c10::str("saved tensor ", slot, " of a checkpoint"))};
     std::lock_guard<std::mutex> lock(mu_);
     found = by_storage_.emplace(storage.unsafeGetStorageImpl(), static_cast<int>(stored_.size())).first;
     stored_.push_back(std::move(stored));
     pins_.push_back(storage.getWeakStorageImpl());
   }
   entry.storage = found->second;
-  entry.offset = tensor.storage_offset();
-  entry.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
-  entry.strides.assign(tensor.strides().begin(), tensor.strides().end());
-  entry.dtype = tensor.dtype();
+  entry.view = ViewGeometry::of(tensor);
   std::lock_guard<std::mutex> lock(mu_);
   ++stored_[entry.storage].holders;
   slots_.push_back(std::move(entry));
@@ -147,8 +127,7 @@ void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t coun
                            const std::vector<at::Tensor>& inputs) {
   struct Fetch {
     c10::Storage storage;
-    std::shared_ptr<Region> region;
-    std::shared_ptr<Copy> written;
+    StorageCopy copy;
     bool needed = false;
   };
   std::vector<Fetch> fetches(stored_.size());
@@ -171,7 +150,7 @@ void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t coun
       } else if (entry.storage < 0) {
         kept[slot] = entry.kept;
       } else if (!fetches[entry.storage].needed) {
-        fetches[entry.storage] = {c10::Storage(), stored_[entry.storage].region, stored_[entry.storage].written, true};
+        fetches[entry.storage] = {c10::Storage(), stored_[entry.storage].copy, true};
       }
     }
   }
@@ -179,15 +158,12 @@ void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t coun
   for (size_t i = 0; i < fetches.size(); ++i) {
     Fetch& f = fetches[i];
     if (!f.needed) continue;
-    f.storage = c10::Storage(c10::Storage::use_byte_size_t(), stored_[i].nbytes, c10::GetCPUAllocator(),
-                             /*resizable=*/false);
-    if (!f.region) continue;  // 0 bytes
-    if (prefetch) {
-      reads.push_back(tier_->store().read_async(f.region, f.storage, f.written));
-    } else {
-      f.written->wait();
-      tier_->store().read_now(*f.region, f.storage);
+    if (!prefetch) {
+      f.storage = f.copy.read_now(tier_->store());
+      continue;
     }
+    f.storage = f.copy.empty_storage();
+    if (f.copy.region) reads.push_back(tier_->store().read_async(f.copy.region, f.storage, f.copy.written));
   }
   r.reset(count);
   for (size_t slot = 0; slot < count; ++slot) {
@@ -198,9 +174,7 @@ void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t coun
     }
     const Fetch& f = fetches[entry.storage];
     if (!f.needed || !slots.alive(slot)) continue;
-    at::Tensor t = at::empty({0}, at::TensorOptions().dtype(entry.dtype));
-    t.set_(f.storage, entry.offset, entry.sizes, entry.strides);
-    r.store(slot, std::move(t), /*counted=*/true);  // a new storage, whatever forward's was
+    r.store(slot, entry.view.over(f.storage), /*counted=*/true);  // a new storage, whatever forward's was
     if (!slots.alive(slot)) r.drop(slot);  // released meanwhile (as the recompute driver does)
   }
   if (!reads.empty()) r.set_ready(std::make_shared<FetchReady>(std::move(reads)));
@@ -214,7 +188,7 @@ void OffloadedSlots::release(size_t slot) noexcept {
   if (entry.released) return;
   entry.released = true;
   entry.kept = at::Tensor();
-  if (entry.storage >= 0 && --stored_[entry.storage].holders == 0) freed = std::move(stored_[entry.storage].region);
+  if (entry.storage >= 0 && --stored_[entry.storage].holders == 0) freed = std::move(stored_[entry.storage].copy.region);
 }
 
 }  // namespace prefire::detail

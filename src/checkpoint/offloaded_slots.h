@@ -8,8 +8,7 @@
 
 #include "checkpoint/recomputation.h"
 #include "checkpoint/slots.h"
-#include "offload/copy_worker.h"
-#include "offload/space.h"
+#include "offload/storage_copy.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>
@@ -53,20 +52,15 @@ class OffloadedSlots {
   void release(size_t slot) noexcept;
 
  private:
-  struct Stored {  // one saved storage's copy
-    std::shared_ptr<Region> region;  // null once no held slot uses it (or for 0 bytes)
-    std::shared_ptr<Copy> written;
-    int64_t nbytes = 0;
+  struct Stored {  // one saved storage's copy; its region null once no held slot uses it
+    StorageCopy copy;
     int holders = 0;  // slots that use it and autograd holds
   };
   struct Slot {
     int storage = -1;  // index into stored_; -1: kept by reference, or an input
     int input = -1;    // the checkpoint's input it is
     at::Tensor kept;
-    int64_t offset = 0;
-    c10::SmallVector<int64_t, 5> sizes;
-    c10::SmallVector<int64_t, 5> strides;
-    caffe2::TypeMeta dtype;
+    ViewGeometry view;
     c10::VariableVersion version{c10::VariableVersion::Disabled::DISABLED};
     uint32_t saved_version = 0;
     bool released = false;

@@ -1,5 +1,5 @@
-"""Offloaded checkpoints from Python (prefire.checkpoint(..., offload_to=tier)
-on the host file tier): gradients bit-equal to no checkpointing with dropout,
+"""Offloaded checkpoints from Python (prefire.checkpoint(..., offload_to=tier),
+whole or offload_inputs_only, on the host file tier): gradients bit-equal to no checkpointing with dropout,
 the function run once; B and W sharing one prefetched copy in a session
 (torch's split backward); checkpoint_wrapper; transformers models through
 prefire.integrations.transformers; the saved bytes leave the CPU allocator
@@ -167,8 +167,9 @@ def test_offload_inside_torch_compile_is_refused(tier):
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.mark.parametrize("inputs_only", [False, True])
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_transformers_layers_offloaded_train_bit_equal_to_unchecked(tier, kind):
+def test_transformers_layers_offloaded_train_bit_equal_to_unchecked(tier, kind, inputs_only):
     from test_transformers import count_runs, tiny, train
 
     from prefire.integrations import transformers as prefire_transformers
@@ -176,10 +177,11 @@ def test_transformers_layers_offloaded_train_bit_equal_to_unchecked(tier, kind):
     unchecked = tiny(kind)
     unchecked.config.use_cache = False
     expected = train(unchecked, 2)
-    offloaded = prefire_transformers.enable(tiny(kind), offload_to=tier)
+    offloaded = prefire_transformers.enable(tiny(kind), offload_to=tier, offload_inputs_only=inputs_only)
     runs = count_runs(offloaded)
     got = train(offloaded, 2)
     assert all(torch.equal(g, e) for g, e in zip(got[0], expected[0]))
     assert all(torch.equal(g, e) for g, e in zip(got[1], expected[1]))
-    assert runs == [2] * len(runs), "each layer runs once per forward of the two steps, never again"
+    # two steps: a forward each, and with inputs only, a recomputation each
+    assert runs == [4 if inputs_only else 2] * len(runs), runs
     assert tier.bytes_written > 0
