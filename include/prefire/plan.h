@@ -1,7 +1,7 @@
 #pragma once
 
-// A memory budget in, a plan out: which blocks keep their activations and
-// which are checkpointed, and how many checkpointed blocks to prefire ahead of
+// A memory budget in, a plan out: which blocks keep their activations, which
+// are checkpointed (whole or selectively) and which are offloaded, and how many checkpointed blocks to prefire ahead of
 // the backward that needs them, so that a step's activation bytes stay within
 // the budget and it recomputes as little as the budget allows. Pure
 // arithmetic on measured costs (no torch): the same plans for LibTorch
@@ -27,6 +27,7 @@ enum class Choice : uint8_t {
   kKeep,        ///< its forward's saved tensors stay for backward
   kCheckpoint,  ///< only its inputs stay; backward recomputes it
   kSelective,   ///< its inputs and the outputs a policy keeps stay; backward recomputes the rest
+  kOffload,     ///< its saved tensors and inputs go to a host tier in forward and come back for backward
 };
 
 /// What one block costs, as a step that checkpointed it measured. Build it
@@ -51,6 +52,14 @@ struct BlockCost {
   int64_t selective_bytes = -1;       // bytes: what it holds instead (its inputs and the outputs it keeps); -1: none
   double selective_seconds = 0;       // seconds: what it adds to a step over keeping the block (its recomputation)
   int64_t selective_after_bytes = 0;  // bytes: of selective_bytes, the same as input_after_bytes
+  // Offloading (Note [Offloaded blocks in a plan]), a fourth choice: its saved tensors and inputs are copied to a
+  // host tier in forward and fetched back for its backward, recomputing nothing:
+  int64_t offload_bytes = -1;       // bytes: what it still holds on the device meanwhile (what no tier takes: 0 for a
+                                    // block of plain tensors); -1: offloading is not offered for it
+  int64_t offload_moved_bytes = 0;  // bytes: what the copies move each way (its saved storages and inputs)
+  double offload_seconds = 0;       // seconds: both copies at the tier's measured bandwidth (moved bytes each way)
+  double offload_hidden = 0;        // 0..1: the part of offload_seconds the neighbouring compute hides
+  int64_t offload_after_bytes = 0;  // bytes: of offload_bytes, the same as input_after_bytes
   std::vector<int64_t> passes;  // optional, with alive: the passes that recompute the block (once checkpointed)
                                 // during the action that ends each moment (a pipeline stage's B, W or full
                                 // backward: 1); with them a plan holds a pass only where one runs (Note [What a
@@ -68,9 +77,10 @@ struct Plan {
   std::vector<Choice> choices;     // per block, in the order given
   std::vector<bool> checkpointed;  // per block: choices[i] != kKeep
   std::vector<bool> selective;     // per block: choices[i] == kSelective
-  int64_t prefire_ahead = 0;       // checkpointed blocks recomputed ahead of the backward that needs them
+  std::vector<bool> offloaded;     // per block: choices[i] == kOffload
+  int64_t prefire_ahead = 0;       // checkpointed blocks recomputed (offloaded ones fetched) ahead of their backward
   int64_t peak_bytes = 0;          // bytes: the most the plan holds, by Note [What a plan holds]
-  double recompute_seconds = 0;    // seconds: what it recomputes per micro-batch
+  double recompute_seconds = 0;    // seconds: what it adds per micro-batch (recomputation, copies left exposed)
   int64_t memory_budget = 0;       // bytes: the budget it was chosen for
   int64_t blocks_bytes = 0;        // bytes: the most the blocks hold at a moment, the passes left out
   std::vector<int64_t> pass_bytes;    // per block: what the pass that recomputes it holds (its group's checkpointed
@@ -100,7 +110,9 @@ int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>
                    const std::vector<bool>& selective = {});
 
 /// Seconds choice `choice` adds to a step over keeping `block` (0 kept; its
-/// recomputation; its selective checkpoint's, Note [Selective checkpoints in a plan]).
+/// recomputation; its selective checkpoint's, Note [Selective checkpoints in a
+/// plan]; offloaded, its copies' time the compute does not hide,
+/// offload_seconds * (1 - offload_hidden), Note [Offloaded blocks in a plan]).
 double choice_seconds(const BlockCost& block, Choice choice);
 
 /// The least any plan holds (nothing prefired): the bound plan_for_budget()

@@ -75,13 +75,16 @@ class Choice(Enum):
     KEEP = ...
     CHECKPOINT = ...
     SELECTIVE = ...
+    OFFLOAD = ...
 
 class BlockCost:
     FIELDS: Tuple[str, ...]
     def __init__(self, *, saved_bytes: int, input_bytes: int, recompute_seconds: float, in_flight: int = 1,
                  group: int = -1, alive: List[int] = ..., done: List[int] = ..., saved_after_bytes: int = 0,
                  input_after_bytes: int = 0, selective_bytes: int = -1, selective_seconds: float = 0.0,
-                 selective_after_bytes: int = 0, passes: List[int] = ...) -> None: ...
+                 selective_after_bytes: int = 0, offload_bytes: int = -1, offload_moved_bytes: int = 0,
+                 offload_seconds: float = 0.0, offload_hidden: float = 0.0, offload_after_bytes: int = 0,
+                 passes: List[int] = ...) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
     @staticmethod
     def from_dict(d: Dict[str, Any]) -> "BlockCost": ...
@@ -97,12 +100,17 @@ class BlockCost:
     selective_bytes: int
     selective_seconds: float
     selective_after_bytes: int
+    offload_bytes: int
+    offload_moved_bytes: int
+    offload_seconds: float
+    offload_hidden: float
+    offload_after_bytes: int
     passes: List[int]
 
 class Plan:
     FIELDS: Tuple[str, ...]
     def __init__(self, *, choices: List[Choice], checkpointed: List[bool], selective: List[bool],
-                 prefire_ahead: int, peak_bytes: int, recompute_seconds: float, memory_budget: int,
+                 offloaded: List[bool], prefire_ahead: int, peak_bytes: int, recompute_seconds: float, memory_budget: int,
                  blocks_bytes: int, pass_bytes: List[int], moment_bytes: List[int], room_bytes: List[int]) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
     @staticmethod
@@ -110,6 +118,7 @@ class Plan:
     choices: List[Choice]
     checkpointed: List[bool]
     selective: List[bool]
+    offloaded: List[bool]
     prefire_ahead: int
     peak_bytes: int
     recompute_seconds: float

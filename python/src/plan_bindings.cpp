@@ -111,13 +111,16 @@ void bind_plan(py::module_& m) {
   py::enum_<Choice>(m, "Choice", "A block's choice in a plan.")
       .value("KEEP", Choice::kKeep)
       .value("CHECKPOINT", Choice::kCheckpoint)
-      .value("SELECTIVE", Choice::kSelective);
+      .value("SELECTIVE", Choice::kSelective)
+      .value("OFFLOAD", Choice::kOffload);
   py::class_<BlockCost> block_cost(m, "BlockCost", "What one block costs (prefire/plan.h); built by keyword.");
   block_cost
       .def(py::init([](int64_t saved_bytes, int64_t input_bytes, double recompute_seconds, int64_t in_flight,
                        int64_t group, std::vector<int64_t> alive, std::vector<int64_t> done, int64_t saved_after_bytes,
                        int64_t input_after_bytes, int64_t selective_bytes, double selective_seconds,
-                       int64_t selective_after_bytes, std::vector<int64_t> passes) {
+                       int64_t selective_after_bytes, int64_t offload_bytes, int64_t offload_moved_bytes,
+                       double offload_seconds, double offload_hidden, int64_t offload_after_bytes,
+                       std::vector<int64_t> passes) {
              return BlockCost{.saved_bytes = saved_bytes,
                               .input_bytes = input_bytes,
                               .recompute_seconds = recompute_seconds,
@@ -130,13 +133,20 @@ void bind_plan(py::module_& m) {
                               .selective_bytes = selective_bytes,
                               .selective_seconds = selective_seconds,
                               .selective_after_bytes = selective_after_bytes,
+                              .offload_bytes = offload_bytes,
+                              .offload_moved_bytes = offload_moved_bytes,
+                              .offload_seconds = offload_seconds,
+                              .offload_hidden = offload_hidden,
+                              .offload_after_bytes = offload_after_bytes,
                               .passes = std::move(passes)};
            }),
            py::kw_only(), py::arg("saved_bytes"), py::arg("input_bytes"), py::arg("recompute_seconds"),
            py::arg("in_flight") = 1, py::arg("group") = -1, py::arg("alive") = std::vector<int64_t>{},
            py::arg("done") = std::vector<int64_t>{}, py::arg("saved_after_bytes") = 0,
            py::arg("input_after_bytes") = 0, py::arg("selective_bytes") = -1, py::arg("selective_seconds") = 0.0,
-           py::arg("selective_after_bytes") = 0, py::arg("passes") = std::vector<int64_t>{});
+           py::arg("selective_after_bytes") = 0, py::arg("offload_bytes") = -1, py::arg("offload_moved_bytes") = 0,
+           py::arg("offload_seconds") = 0.0, py::arg("offload_hidden") = 0.0, py::arg("offload_after_bytes") = 0,
+           py::arg("passes") = std::vector<int64_t>{});
   Fields<BlockCost>(block_cost, "BlockCost")
       .field("saved_bytes", &BlockCost::saved_bytes)
       .field("input_bytes", &BlockCost::input_bytes)
@@ -150,16 +160,22 @@ void bind_plan(py::module_& m) {
       .field("selective_bytes", &BlockCost::selective_bytes)
       .field("selective_seconds", &BlockCost::selective_seconds)
       .field("selective_after_bytes", &BlockCost::selective_after_bytes)
+      .field("offload_bytes", &BlockCost::offload_bytes)
+      .field("offload_moved_bytes", &BlockCost::offload_moved_bytes)
+      .field("offload_seconds", &BlockCost::offload_seconds)
+      .field("offload_hidden", &BlockCost::offload_hidden)
+      .field("offload_after_bytes", &BlockCost::offload_after_bytes)
       .field("passes", &BlockCost::passes)
       .done();
   py::class_<Plan> plan(m, "Plan", "A plan (prefire/plan.h): plan_for_budget's answer, or describe_plan's.");
   plan.def(py::init([](std::vector<Choice> choices, std::vector<bool> checkpointed, std::vector<bool> selective,
-                       int64_t prefire_ahead, int64_t peak_bytes, double recompute_seconds, int64_t memory_budget,
+                       std::vector<bool> offloaded, int64_t prefire_ahead, int64_t peak_bytes, double recompute_seconds, int64_t memory_budget,
                        int64_t blocks_bytes, std::vector<int64_t> pass_bytes, std::vector<int64_t> moment_bytes,
                        std::vector<int64_t> room_bytes) {
              return Plan{.choices = std::move(choices),
                          .checkpointed = std::move(checkpointed),
                          .selective = std::move(selective),
+                         .offloaded = std::move(offloaded),
                          .prefire_ahead = prefire_ahead,
                          .peak_bytes = peak_bytes,
                          .recompute_seconds = recompute_seconds,
@@ -169,13 +185,14 @@ void bind_plan(py::module_& m) {
                          .moment_bytes = std::move(moment_bytes),
                          .room_bytes = std::move(room_bytes)};
            }),
-           py::kw_only(), py::arg("choices"), py::arg("checkpointed"), py::arg("selective"),
+           py::kw_only(), py::arg("choices"), py::arg("checkpointed"), py::arg("selective"), py::arg("offloaded"),
            py::arg("prefire_ahead"), py::arg("peak_bytes"), py::arg("recompute_seconds"), py::arg("memory_budget"),
            py::arg("blocks_bytes"), py::arg("pass_bytes"), py::arg("moment_bytes"), py::arg("room_bytes"));
   Fields<Plan>(plan, "Plan")
       .field("choices", &Plan::choices)
       .field("checkpointed", &Plan::checkpointed)
       .field("selective", &Plan::selective)
+      .field("offloaded", &Plan::offloaded)
       .field("prefire_ahead", &Plan::prefire_ahead)
       .field("peak_bytes", &Plan::peak_bytes)
       .field("recompute_seconds", &Plan::recompute_seconds)

@@ -74,13 +74,49 @@
 // cost as much again (on this CPU it does: Note [Measuring a selective
 // checkpoint] in python/prefire/_selective.py).
 //
+// Note [Offloaded blocks in a plan]
+// A block may have a fourth choice (BlockCost::offload_bytes >= 0): offloaded
+// (Note [Offloading a checkpoint] in src/checkpoint/offloaded_slots.cpp), its
+// saved tensors and inputs copied to a host tier in forward and fetched back
+// for its backward. Between the two it holds offload_bytes on the device
+// (what the tier does not take); its fetch is charged the block's saved bytes
+// where a recomputation would be, in its pass and as a prefire when fetched
+// ahead, since the fetched copy is what the recomputation would have made.
+// What it costs a step is the copies' time the compute beside them does not
+// hide: offload_seconds * (1 - offload_hidden), the one measure the planner
+// weighs every choice by (Plan::recompute_seconds, "seconds added"). The
+// planner does not decide what hides the copies: the caller measures the
+// bandwidth (offload_seconds) and states the hidden part; a pipeline rank
+// hides a copy in the waits between a micro-batch's F and its B (the waits
+// the bubble filler uses), a plain model's backward hides a fetch behind the
+// backward of the blocks above it. offload_bytes -1 (the default) offers no
+// offload, so no plan chooses it without its costs.
+//
 
 namespace prefire::plan_detail {
 
 bool has_selective(const BlockCost& b) { return b.selective_bytes >= 0; }
+bool has_offload(const BlockCost& b) { return b.offload_bytes >= 0; }
 
 int64_t held_bytes(const BlockCost& b, Choice c) {
-  return c == Choice::kKeep ? b.saved_bytes : c == Choice::kCheckpoint ? b.input_bytes : b.selective_bytes;
+  switch (c) {
+    case Choice::kKeep:
+      return b.saved_bytes;
+    case Choice::kCheckpoint:
+      return b.input_bytes;
+    case Choice::kSelective:
+      return b.selective_bytes;
+    case Choice::kOffload:
+      return b.offload_bytes;
+  }
+  return b.saved_bytes;
+}
+
+Choices options_of(const BlockCost& b) {
+  Choices options{Choice::kKeep, Choice::kCheckpoint};
+  if (has_selective(b)) options.push_back(Choice::kSelective);
+  if (has_offload(b)) options.push_back(Choice::kOffload);
+  return options;
 }
 
 double recompute_seconds(const std::vector<BlockCost>& blocks, const Choices& choices) {
@@ -128,16 +164,18 @@ void check(const std::vector<BlockCost>& blocks, Release release) {
     if ((!b.done.empty() && b.done.size() != b.alive.size()) ||
         std::any_of(b.done.begin(), b.done.end(), [](int64_t d) { return d < 0; }) || b.saved_after_bytes < 0 ||
         b.saved_after_bytes > b.saved_bytes || b.input_after_bytes < 0 || b.input_after_bytes > b.input_bytes ||
-        b.selective_after_bytes < 0 || b.selective_after_bytes > std::max<int64_t>(0, b.selective_bytes)) {
+        b.selective_after_bytes < 0 || b.selective_after_bytes > std::max<int64_t>(0, b.selective_bytes) ||
+        b.offload_after_bytes < 0 || b.offload_after_bytes > std::max<int64_t>(0, b.offload_bytes)) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + ": done needs as many moments as "
-                                  "alive, none negative, and the after bytes must lie within 0..saved, input or "
-                                  "selective bytes");
+                                  "alive, none negative, and the after bytes must lie within 0..saved, input, "
+                                  "selective or offload bytes");
     }
     if (b.saved_bytes < 0 || b.input_bytes < 0 || !(b.recompute_seconds >= 0) || b.in_flight < 1 || b.group < -1 ||
-        b.selective_bytes < -1 || !(b.selective_seconds >= 0)) {
+        b.selective_bytes < -1 || !(b.selective_seconds >= 0) || b.offload_bytes < -1 ||
+        b.offload_moved_bytes < 0 || !(b.offload_seconds >= 0) || !(b.offload_hidden >= 0 && b.offload_hidden <= 1)) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) +
-                                  " has a negative size or time (selective_bytes -1: none), in_flight below 1 or a "
-                                  "group below -1");
+                                  " has a negative size or time (selective_bytes and offload_bytes -1: none), "
+                                  "offload_hidden outside 0..1, in_flight below 1 or a group below -1");
     }
     if (release == Release::kInBackward && (b.in_flight != 1 || b.group != -1)) {
       throw std::invalid_argument("prefire::plan: block " + std::to_string(i) + " has in_flight=" +
@@ -162,9 +200,17 @@ int64_t add_product(int64_t a, int64_t b, int64_t c) {
 namespace {
 
 int64_t after_bytes(const BlockCost& b, Choice c) {
-  return c == Choice::kKeep         ? b.saved_after_bytes
-         : c == Choice::kCheckpoint ? b.input_after_bytes
-                                    : b.selective_after_bytes;
+  switch (c) {
+    case Choice::kKeep:
+      return b.saved_after_bytes;
+    case Choice::kCheckpoint:
+      return b.input_after_bytes;
+    case Choice::kSelective:
+      return b.selective_after_bytes;
+    case Choice::kOffload:
+      return b.offload_after_bytes;
+  }
+  return b.saved_after_bytes;
 }
 
 // What the blocks hold at each moment of a step with Release::kAtStepEnd,
@@ -185,7 +231,8 @@ std::vector<int64_t> moment_bytes(const std::vector<BlockCost>& blocks, const Ch
 
 // Per block, what the pass that recomputes it holds: its group's checkpointed
 // blocks' saved bytes together (a selective one's too: Note [Selective
-// checkpoints in a plan]); 0 for a kept block.
+// checkpoints in a plan]; an offloaded one's fetch: Note [Offloaded blocks in
+// a plan]); 0 for a kept block.
 std::vector<int64_t> pass_bytes(const std::vector<BlockCost>& blocks, const Choices& choices) {
   std::vector<std::pair<int64_t, int64_t>> groups;  // (group, its checkpointed blocks' saved bytes)
   auto group_of = [&](int64_t group) {
@@ -284,6 +331,13 @@ void check_choices(const std::vector<BlockCost>& blocks, const Choices& choices,
       throw std::invalid_argument("prefire::plan_bytes: block " + std::to_string(i) +
                                   " is chosen selective but has no selective checkpoint (selective_bytes -1)");
     }
+    if (choices[i] == Choice::kOffload && !has_offload(blocks[i])) {
+      throw std::invalid_argument("prefire::plan_bytes: block " + std::to_string(i) +
+                                  " is chosen offloaded but offloading is not offered for it (offload_bytes -1)");
+    }
+    if (static_cast<uint8_t>(choices[i]) > static_cast<uint8_t>(Choice::kOffload)) {
+      throw std::invalid_argument("prefire::plan_bytes: block " + std::to_string(i) + " has an invalid choice");
+    }
   }
   if (ahead < 0) throw std::invalid_argument("prefire::plan_bytes: prefire_ahead must be >= 0");
 }
@@ -302,6 +356,7 @@ Plan describe(const std::vector<BlockCost>& blocks, const Choices& choices, int6
   for (Choice c : choices) {
     plan.checkpointed.push_back(c != Choice::kKeep);
     plan.selective.push_back(c == Choice::kSelective);
+    plan.offloaded.push_back(c == Choice::kOffload);
   }
   plan.prefire_ahead = ahead;
   plan.peak_bytes = held(blocks, choices, ahead, release);
@@ -334,7 +389,17 @@ namespace prefire {
 using plan_detail::Choices;
 
 double choice_seconds(const BlockCost& b, Choice c) {
-  return c == Choice::kKeep ? 0.0 : c == Choice::kCheckpoint ? b.recompute_seconds : b.selective_seconds;
+  switch (c) {
+    case Choice::kKeep:
+      return 0.0;
+    case Choice::kCheckpoint:
+      return b.recompute_seconds;
+    case Choice::kSelective:
+      return b.selective_seconds;
+    case Choice::kOffload:
+      return b.offload_seconds * (1 - b.offload_hidden);
+  }
+  return 0.0;
 }
 
 int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed,

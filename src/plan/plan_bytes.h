@@ -19,6 +19,9 @@ void check(const std::vector<BlockCost>& blocks, Release release);
 int64_t add_product(int64_t a, int64_t b, int64_t c);
 
 bool has_selective(const BlockCost& b);
+bool has_offload(const BlockCost& b);
+/// The choices a block offers: keep and checkpoint, selective and offload where it has them.
+Choices options_of(const BlockCost& b);
 /// What a block holds after its forward with choice `c`, and after its micro-batch let go.
 int64_t held_bytes(const BlockCost& b, Choice c);
 double recompute_seconds(const std::vector<BlockCost>& blocks, const Choices& choices);

@@ -11,15 +11,17 @@
 // Note [Choosing a plan]
 // Recomputation is what a plan costs, so the best plan within a budget keeps
 // the blocks whose recomputation takes longest per byte kept.
-//  * kAtStepEnd, up to kExhaustivePlans choices in all (2 per block, 3 with
-//    a selective checkpoint; a pipeline rank's stages hold a few blocks
-//    each): every one is tried, 2^16 sums of at most 16 terms, a few
+//  * kAtStepEnd, up to kExhaustivePlans choices in all (2 per block, 3 or 4
+//    with a selective checkpoint or offloading; a pipeline rank's stages hold
+//    a few blocks each): every one is tried, 2^16 sums of at most 16 terms, a few
 //    milliseconds; the plan and least_plan_bytes() are exact.
 //  * kAtStepEnd, more: with the largest checkpointed block fixed at M, that is a
 //    knapsack with a choice per item: blocks larger than M are kept, the
 //    others each cost in_flight * (saved - input) bytes to keep and save
 //    their recompute_seconds, or in_flight * (selective - input) to check-
-//    point selectively and save recompute_seconds - selective_seconds.
+//    point selectively and save recompute_seconds - selective_seconds, or
+//    in_flight * (offload - input) to offload and save recompute_seconds
+//    less the copies' exposed time.
 //    Every M among the blocks' sizes is tried. Groups
 //    make a pass larger than M, and moments (BlockCost::alive) make a
 //    block cost less than in_flight times its bytes at some moments; both
@@ -31,7 +33,9 @@
 //    at once and keeps few; so a greedy pass is tried too: from every
 //    block checkpointed, keep one at a time, the most recompute seconds per
 //    byte it keeps first, where plan_bytes() says the plan still fits, then
-//    the same with selective checkpoints for those left.
+//    the same with selective checkpoints for those left; before the keeping,
+//    every block whose offload costs less than its recomputation is
+//    offloaded where that fits (it frees what the checkpoint held too).
 //  * kInBackward: the constraints are per position, so a dynamic program
 //    over the blocks in forward order, its state what blocks 0..j hold;
 //    checkpointing j (either way) needs its recomputation to fit on top of
@@ -60,8 +64,9 @@
 //  * kAtStepEnd: exact by trying every choice up to kExhaustivePlans of
 //    them; beyond, the passes of groups and the moments make the bytes no
 //    sum of per-block terms, and the bound is the least among the plans
-//    that keep every block above a size and checkpoint the others (a plan
-//    at it exists, the least may be lower).
+//    that keep every block above a size and checkpoint or offload the
+//    others, whichever holds less (a plan at it exists, the least may be
+//    lower).
 // The property test (tests/plan_least_test.cpp) compares both with every
 // assignment counted by plan_bytes() on random small instances.
 
@@ -70,14 +75,17 @@ namespace {
 
 using plan_detail::add_product;
 using plan_detail::Choices;
+using plan_detail::has_offload;
 using plan_detail::has_selective;
 using plan_detail::held;
 using plan_detail::held_bytes;
+using plan_detail::options_of;
 
 constexpr int64_t kCapacityUnits = 4096;
 constexpr Choice kKeep = Choice::kKeep;
 constexpr Choice kFull = Choice::kCheckpoint;
 constexpr Choice kSelective = Choice::kSelective;
+constexpr Choice kOffload = Choice::kOffload;
 
 // The blocks of size at most `largest` that stay checkpointed (fully or
 // selectively) when the others are kept and `capacity` bytes are left to
@@ -88,7 +96,7 @@ Choices knapsack(const std::vector<BlockCost>& blocks, int64_t largest, int64_t 
   const auto units = static_cast<size_t>(capacity / unit);
   struct Item {
     size_t block;
-    Choice choice;  // kKeep or kSelective, in place of kFull
+    Choice choice;  // kKeep, kSelective or kOffload, in place of kFull
     size_t weight;  // units
     double value;   // recompute seconds it saves over kFull
   };
@@ -110,6 +118,10 @@ Choices knapsack(const std::vector<BlockCost>& blocks, int64_t largest, int64_t 
     if (has_selective(b)) {
       add(kSelective, add_product(0, b.in_flight, b.selective_bytes - b.input_bytes),
           b.recompute_seconds - b.selective_seconds);
+    }
+    if (has_offload(b)) {
+      add(kOffload, add_product(0, b.in_flight, b.offload_bytes - b.input_bytes),
+          b.recompute_seconds - choice_seconds(b, kOffload));
     }
     if (!choice.empty()) items.push_back(std::move(choice));
   }
@@ -140,10 +152,11 @@ Choices knapsack(const std::vector<BlockCost>& blocks, int64_t largest, int64_t 
   return choices;
 }
 
-// From every block checkpointed, each kept in turn where the plan still fits
-// `budget`, the most recompute seconds per byte kept first; then those left
-// checkpointed selectively where that fits and recomputes less (Note
-// [Choosing a plan]).
+// From every block checkpointed, each offloaded where that costs less than
+// its recomputation and the plan still fits `budget`; then each kept in turn
+// where the plan still fits, the most recompute seconds per byte kept first;
+// then those left checkpointed selectively where that fits and costs less
+// (Note [Choosing a plan]).
 Choices greedy(const std::vector<BlockCost>& blocks, int64_t budget, Release release) {
   Choices choices(blocks.size(), kFull);
   std::vector<size_t> order(blocks.size());
@@ -158,21 +171,37 @@ Choices greedy(const std::vector<BlockCost>& blocks, int64_t budget, Release rel
     choices[i] = c;
     if (held(blocks, choices, 0, release) > budget) choices[i] = before;
   };
+  for (size_t i : order) {
+    if (has_offload(blocks[i]) && choice_seconds(blocks[i], kOffload) < blocks[i].recompute_seconds) {
+      try_choice(i, kOffload);
+    }
+  }
   for (size_t i : order) try_choice(i, kKeep);
   for (size_t i : order) {
-    if (choices[i] == kFull && has_selective(blocks[i]) && blocks[i].selective_seconds < blocks[i].recompute_seconds) {
+    if (choices[i] != kKeep && has_selective(blocks[i]) &&
+        blocks[i].selective_seconds < choice_seconds(blocks[i], choices[i])) {
       try_choice(i, kSelective);
     }
   }
   return choices;
 }
 
-// Every block larger than `largest` kept, the others checkpointed unless
-// they save no more than their inputs.
+// The choice of `b` other than keeping it that holds least (a checkpoint, or offloaded where that holds less).
+Choice least_holding(const BlockCost& b) {
+  Choice least = kFull;
+  for (Choice o : options_of(b)) {
+    if (o != kKeep && held_bytes(b, o) < held_bytes(b, least)) least = o;
+  }
+  return least;
+}
+
+// Every block larger than `largest` kept, the others checkpointed (or
+// offloaded, whichever holds less) unless that holds no less than keeping them.
 Choices below(const std::vector<BlockCost>& blocks, int64_t largest) {
   Choices choices(blocks.size(), kKeep);
   for (size_t i = 0; i < blocks.size(); ++i) {
-    if (blocks[i].saved_bytes <= largest && blocks[i].input_bytes < blocks[i].saved_bytes) choices[i] = kFull;
+    const Choice least = least_holding(blocks[i]);
+    if (blocks[i].saved_bytes <= largest && held_bytes(blocks[i], least) < blocks[i].saved_bytes) choices[i] = least;
   }
   return choices;
 }
@@ -197,8 +226,7 @@ Choices by_position(const std::vector<BlockCost>& blocks, int64_t budget) {
     std::vector<double> next(units + 1, kNone);
     for (size_t p = 0; p <= units; ++p) {
       if (best[p] == kNone) continue;
-      for (Choice o : {kKeep, kFull, kSelective}) {
-        if (o == kSelective && !has_selective(b)) continue;
+      for (Choice o : options_of(b)) {
         const size_t bytes = rounded(held_bytes(b, o));
         // kept: it fits; checkpointed: its recomputation fits on top too
         if (bytes > units - p || (o != kKeep && saved > units - p - bytes)) continue;
@@ -233,8 +261,7 @@ bool least_in_backward(const std::vector<BlockCost>& blocks, int64_t budget, Cho
   for (size_t j = 0; j < blocks.size(); ++j) {
     const BlockCost& b = blocks[j];
     int64_t least = -1;
-    for (Choice o : {kKeep, kFull, kSelective}) {
-      if (o == kSelective && !has_selective(b)) continue;
+    for (Choice o : options_of(b)) {
       const int64_t after = add_product(prefix, 1, held_bytes(b, o));
       if (after > budget || (o != kKeep && add_product(after, 1, b.saved_bytes) > budget)) continue;
       if (least < 0 || after < least) {
@@ -271,25 +298,28 @@ bool exhaustive(const std::vector<BlockCost>& blocks, Release release) {
   if (release != Release::kAtStepEnd || blocks.size() > kExhaustiveBlocks) return false;
   size_t plans = 1;
   for (const BlockCost& b : blocks) {
-    plans *= has_selective(b) ? 3 : 2;
+    plans *= options_of(b).size();
     if (plans > kExhaustivePlans) return false;
   }
   return true;
 }
 
-// Every choice per block (kKeep, kFull, and kSelective where a block has it), in turn.
+// Every choice per block (kKeep, kFull, and kSelective and kOffload where a block offers them), in turn.
 template <typename Consider>
 void every_plan(const std::vector<BlockCost>& blocks, const Consider& consider) {
+  std::vector<Choices> options;
+  for (const BlockCost& b : blocks) options.push_back(options_of(b));
+  std::vector<size_t> digit(blocks.size(), 0);  // each block's index into its options
   Choices choices(blocks.size(), kKeep);
   while (true) {
     consider(choices);
-    size_t i = 0;  // the next choice: count up, each block a digit of 2 or 3
+    size_t i = 0;  // the next choice: count up, each block a digit of base 2 to 4
     for (; i < blocks.size(); ++i) {
-      const Choice last = has_selective(blocks[i]) ? kSelective : kFull;
-      if (choices[i] != last) {
-        choices[i] = static_cast<Choice>(static_cast<uint8_t>(choices[i]) + 1);
+      if (++digit[i] < options[i].size()) {
+        choices[i] = options[i][digit[i]];
         break;
       }
+      digit[i] = 0;
       choices[i] = kKeep;
     }
     if (i == blocks.size()) return;
@@ -311,7 +341,8 @@ int64_t bytes_below(const std::vector<BlockCost>& blocks, int64_t largest) {
   int64_t held = largest;
   for (const BlockCost& b : blocks) {
     held = add_product(held, b.in_flight,
-                       b.saved_bytes > largest ? b.saved_bytes : std::min(b.input_bytes, b.saved_bytes));
+                       b.saved_bytes > largest ? b.saved_bytes
+                                               : std::min(held_bytes(b, least_holding(b)), b.saved_bytes));
   }
   return held;
 }

@@ -324,8 +324,8 @@ def test_costs_and_plans_go_by_field_name():
     assert again.to_dict() == d
     with pytest.raises(ValueError, match="missing field.s. passes"):
         prefire.BlockCost.from_dict({k: v for k, v in d.items() if k != "passes"})
-    with pytest.raises(ValueError, match="unknown field.s. offload_bytes"):
-        prefire.BlockCost.from_dict(dict(d, offload_bytes=3))
+    with pytest.raises(ValueError, match="unknown field.s. swap_bytes"):
+        prefire.BlockCost.from_dict(dict(d, swap_bytes=3))
     plan = prefire.plan_for_budget([cost, cost], 10 ** 6)
     p = plan.to_dict()
     assert p["choices"] == ["KEEP", "KEEP"] and list(p) == list(prefire.Plan.FIELDS)
@@ -333,6 +333,23 @@ def test_costs_and_plans_go_by_field_name():
     # what the planner says of a plan is what describe_plan says of its choices
     described = prefire.describe_plan([cost, cost], plan.choices, 10 ** 6, plan.prefire_ahead)
     assert described.to_dict() == p
+
+
+def test_offload_is_the_fourth_choice_where_its_costs_are_given():
+    """Note [Offloaded blocks in a plan]: offload_bytes -1 offers nothing;
+    given, a block whose copies hide costs less than its recomputation."""
+    def block(offload_bytes=-1):
+        return prefire.BlockCost(saved_bytes=12 << 20, input_bytes=1 << 20, recompute_seconds=1e-3, in_flight=2,
+                                 offload_bytes=offload_bytes, offload_moved_bytes=13 << 20, offload_seconds=2e-3,
+                                 offload_hidden=0.9)
+    none = prefire.plan_bytes([block()] * 4, [False] * 4, 0, prefire.Release.AT_STEP_END)
+    plan = prefire.plan_for_budget([block(0)] * 4, none // 4)
+    assert list(plan.choices) == [prefire.Choice.OFFLOAD] * 4 and list(plan.offloaded) == [True] * 4
+    assert plan.recompute_seconds == pytest.approx(4 * 2e-3 * 0.1)
+    assert prefire._C.choice_seconds(block(0), prefire.Choice.OFFLOAD) == pytest.approx(2e-4)
+    recompute_only = prefire.plan_for_budget([block()] * 4, none // 4)
+    assert prefire.Choice.OFFLOAD not in list(recompute_only.choices)
+    assert recompute_only.recompute_seconds == pytest.approx(4e-3)
 
 
 def test_the_planner_says_what_each_pass_holds_and_the_room_it_leaves():
