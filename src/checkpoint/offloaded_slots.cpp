@@ -18,11 +18,14 @@
 //
 // Forward: a slot whose tensor is a parameter (a leaf that requires grad, or a
 // view of one) is kept by reference, as a recomputation would find it again;
-// a slot that is one of the checkpoint's inputs (same storage, offset, sizes,
-// strides and dtype: a block's LayerNorm saves its input) is taken from the
-// frame's saved inputs at fetch, as a recomputation takes them (an enclosing
-// checkpoint that dropped them gives them back, and an input modified in
-// place is reported), so the tier holds no second copy; every other saved storage is copied into the tier once, however many slots
+// the checkpoint's inputs go to the tier as an inputs-only checkpoint's do
+// (Note [Offloading only a checkpoint's inputs] in checkpoint/frame_inputs.cpp),
+// and a slot that is one of them (same storage, offset, sizes, strides and
+// dtype: a block's LayerNorm saves its input) is taken from the frame's saved
+// inputs at fetch, as a recomputation takes them (read back, and an input
+// modified in place is reported), so the tier holds no second copy and the
+// block holds nothing on the device between forward and fetch but
+// parameters; every other saved storage is copied into the tier once, however many slots
 // view it, on the tier's worker (forward does not wait), and the copy holds
 // the storage until it is written, then lets it go: from then on only the tier
 // has those bytes, unless something else still holds the tensor (a block's
