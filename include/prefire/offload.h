@@ -54,6 +54,13 @@ class OffloadTier {
   /// the copy.
   void synchronize();
 
+  /// Seconds one copy of `nbytes` into the tier and one back take on this
+  /// thread, measured now on a scratch region (what a planner charges an
+  /// offloaded block, Note [Offloaded blocks in a plan] in
+  /// src/plan/plan_bytes.cpp). Raises CheckpointError when the tier has no
+  /// free run of `nbytes`.
+  double measure_copy_seconds(int64_t nbytes);
+
   /// The tier's internals (the offloaded checkpoints' side).
   detail::TierStore& store() const { return *store_; }
 

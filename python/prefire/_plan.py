@@ -31,6 +31,17 @@ bytes and recomputation time the measuring forward finds under a probe
 (Note [Measuring a selective checkpoint] in _selective.py); a block chosen
 so runs prefire.checkpoint with the policy's context_fn.
 
+With ``offload_to=`` (a :class:`prefire.OffloadTier`) a block has a fourth
+choice, offloaded (Note [Offloaded blocks in a plan] in
+src/plan/plan_bytes.cpp): the measuring forward also measures, on the
+tier, one copy of the block's bytes each way (its saved storages and its
+inputs: an upper bound where the block saves its inputs); it holds nothing
+on the device meanwhile (offload_bytes 0), and half the copies' time counts
+as hidden: the copy into the tier runs on the tier's worker beside the
+next blocks' forward, the fetch on the backward's thread as it reaches the
+block (a plain backward prefetches nothing). A block chosen so runs
+prefire.checkpoint with ``offload_to``.
+
 A budget below what the least plan holds raises at the end of the measuring
 forward, naming that minimum. What the measuring step itself held is
 checked against the budget too (a warning when above it: only a budget
@@ -110,7 +121,7 @@ class MemoryPlanner:
     model's blocks]). Made by :func:`plan_checkpoints`."""
 
     def __init__(self, blocks: int, memory_budget: int, checkpoint_kwargs: Dict[str, Any],
-                 selective: Policy = None) -> None:
+                 selective: Policy = None, offload_to: Optional[_C.OffloadTier] = None) -> None:
         check_memory_budget("prefire.plan_checkpoints", memory_budget)
         self.memory_budget = memory_budget
         self.blocks = blocks
@@ -122,6 +133,11 @@ class MemoryPlanner:
         self._selective_kwargs = (dict(checkpoint_kwargs, context_fn=context_fn(self._selective))
                                   if self._selective is not None else None)
         self._mode_costs = mode_costs(self._selective) if self._selective is not None else None
+        if "offload_to" in checkpoint_kwargs or "offload_inputs_only" in checkpoint_kwargs:
+            raise ValueError("prefire.plan_checkpoints: offloading is a choice of the plan; pass offload_to= to "
+                             "plan_checkpoints itself")
+        self._offload_to = offload_to  # a fourth choice per block (Note [Offloaded blocks in a plan])
+        self._offload_kwargs = dict(checkpoint_kwargs, offload_to=offload_to)
         self._plans: Dict[Tuple[Any, ...], Plan] = {}
         self._costs: Dict[Tuple[Any, ...], List[BlockCost]] = {}
         self._step: Optional[Plan] = None  # the plan this step runs; None while measuring
@@ -145,10 +161,12 @@ class MemoryPlanner:
             return "prefire: no plan yet (the first step with gradients measures)"
         chosen = [i for i, c in enumerate(plan.checkpointed) if c]
         selective = [i for i, s in enumerate(plan.selective) if s]
+        offloaded = [i for i, o in enumerate(plan.offloaded) if o]
         kept = sum(c.saved_bytes for c, ck in zip(costs, plan.checkpointed) if not ck)
         return (f"prefire: memory budget {self.memory_budget} bytes for inputs {self._signature}: "
                 f"checkpointing {len(chosen)} of {self.blocks} blocks {chosen}"
-                + (f" ({selective} selectively)" if selective else "") + f", keeping {kept} bytes of activations; "
+                + (f" ({selective} selectively)" if selective else "")
+                + (f" ({offloaded} offloaded)" if offloaded else "") + f", keeping {kept} bytes of activations; "
                 f"holds at most {plan.peak_bytes} bytes, recomputes {plan.recompute_seconds * 1e3:.3f} ms per step "
                 f"(least any plan holds: {least_plan_bytes(costs, _ONE_PASS)} bytes)")
 
@@ -166,6 +184,8 @@ class MemoryPlanner:
             if self._step is None:
                 raise RuntimeError(f"prefire.plan_checkpoints: block {index} ran before block 0 of its step; the "
                                    f"planned blocks must run in order, block 0 first")
+            if self._step.offloaded[index]:
+                return checkpoint(module, *args, **self._offload_kwargs, **kwargs)
             if self._step.selective[index]:
                 return checkpoint(module, *args, **self._selective_kwargs, **kwargs)
             if self._step.checkpointed[index]:
@@ -195,10 +215,16 @@ class MemoryPlanner:
         if len(handles) != 1:
             raise RuntimeError(f"prefire.plan_checkpoints: block {index} made {len(handles)} outermost checkpoints "
                                f"where its checkpoint should be the one (is it inside another checkpoint?)")
-        measuring.costs[index] = BlockCost(saved_bytes=_C.kept_bytes(handles[0]), input_bytes=measured.input_bytes,
+        saved_bytes = _C.kept_bytes(handles[0])
+        offload = {}
+        if self._offload_to is not None:
+            moved = saved_bytes + measured.input_bytes  # see Note [Planning a plain model's blocks]
+            offload = dict(offload_bytes=0, offload_moved_bytes=moved,
+                           offload_seconds=self._offload_to.measure_copy_seconds(moved), offload_hidden=0.5)
+        measuring.costs[index] = BlockCost(saved_bytes=saved_bytes, input_bytes=measured.input_bytes,
                                            recompute_seconds=measured.seconds,
                                            selective_bytes=measured.selective_bytes,
-                                           selective_seconds=measured.selective_seconds)
+                                           selective_seconds=measured.selective_seconds, **offload)
         if index == self.blocks - 1:
             self._choose(measuring)
         return out
@@ -253,7 +279,7 @@ class PlannedBlock(CheckpointWrapper):
 
 
 def plan_checkpoints(blocks: torch.nn.Module, memory_budget: int, selective: Policy = None,
-                     **checkpoint_kwargs: Any) -> MemoryPlanner:
+                     offload_to: Optional[_C.OffloadTier] = None, **checkpoint_kwargs: Any) -> MemoryPlanner:
     """Plans activation checkpointing for the blocks of ``blocks`` (an
     ``nn.ModuleList`` or ``nn.Sequential`` the model runs in order, such as a
     transformer's layers) within ``memory_budget`` bytes of activations per
@@ -265,7 +291,9 @@ def plan_checkpoints(blocks: torch.nn.Module, memory_budget: int, selective: Pol
     block, a selective checkpoint (``True``: matmul and attention outputs
     kept; a list of OpOverloads; a SAC policy function; not with a
     ``context_fn`` in ``checkpoint_kwargs``), as for
-    ``prefire.pipelining.enable``. Returns the planner: ``plan``,
+    ``prefire.pipelining.enable``. ``offload_to``: a
+    :class:`prefire.OffloadTier`, offloading as a fourth choice per block.
+    Returns the planner: ``plan``,
     ``costs`` and ``describe()`` say what it chose.
 
     Raises ValueError for a negative budget, an empty list or blocks that
@@ -280,7 +308,7 @@ def plan_checkpoints(blocks: torch.nn.Module, memory_budget: int, selective: Pol
         if isinstance(block, torch_wrapper.ActivationWrapper):
             raise ValueError(f"prefire.plan_checkpoints: block {i} is already wrapped ({type(block).__name__}); "
                              f"the planner decides which blocks to checkpoint: pass the bare blocks")
-    planner = MemoryPlanner(len(blocks), memory_budget, checkpoint_kwargs, selective)
+    planner = MemoryPlanner(len(blocks), memory_budget, checkpoint_kwargs, selective, offload_to)
     for i in range(len(blocks)):
         blocks[i] = PlannedBlock(blocks[i], planner, i)
     return planner

@@ -307,7 +307,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("bytes_written", &OffloadTier::bytes_written, "bytes copied into the tier so far")
       .def_property_readonly("bytes_read", &OffloadTier::bytes_read, "bytes copied out of the tier so far")
       .def("synchronize", &OffloadTier::synchronize, py::call_guard<py::gil_scoped_release>(),
-           "Blocks until every copy queued so far is done");
+           "Blocks until every copy queued so far is done")
+      .def("measure_copy_seconds", &OffloadTier::measure_copy_seconds, py::arg("nbytes"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Seconds one copy of nbytes into the tier and one back take, measured now");
 
   py::class_<CheckpointHandle>(m, "CheckpointHandle", "A checkpoint collected in forward, for prefire/attach.")
       .def_property_readonly("expired", &CheckpointHandle::expired);

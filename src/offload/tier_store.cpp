@@ -3,7 +3,10 @@
 #include <prefire/errors.h>
 #include <prefire/offload.h>
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/StringUtil.h>
+
+#include <chrono>
 
 #include <cerrno>
 #include <cstring>
@@ -129,6 +132,17 @@ int64_t OffloadTier::used_bytes() const { return store_->space().used(); }
 int64_t OffloadTier::peak_used_bytes() const { return store_->space().peak(); }
 void OffloadTier::reset_peak() { store_->space().reset_peak(); }
 void OffloadTier::synchronize() { store_->synchronize(); }
+
+double OffloadTier::measure_copy_seconds(int64_t nbytes) {
+  if (nbytes <= 0) return 0;
+  std::shared_ptr<detail::Region> region = store_->allocate(nbytes, "measuring its copies");
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/false);
+  std::memset(storage.mutable_data(), 0, static_cast<size_t>(nbytes));
+  const auto begin = std::chrono::steady_clock::now();
+  store_->write(storage, region)->wait();
+  store_->read_now(*region, storage);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
 int64_t OffloadTier::bytes_written() const { return store_->bytes_written(); }
 int64_t OffloadTier::bytes_read() const { return store_->bytes_read(); }
 

@@ -7,6 +7,8 @@ prefire.integrations.transformers; the saved bytes leave the CPU allocator
 clear errors for a tier that cannot be made, a full tier and torch.compile.
 CPU, one intra-op thread (conftest.py)."""
 
+import copy
+
 import pytest
 import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
@@ -186,3 +188,60 @@ def test_transformers_layers_offloaded_train_bit_equal_to_unchecked(tier, kind, 
     # two steps: a forward each, and with inputs only, a recomputation each
     assert runs == [4 if inputs_only else 2] * len(runs), runs
     assert tier.bytes_written > 0
+
+
+def planned_step(model, x):
+    torch.manual_seed(11)
+    y = x
+    for b in model:
+        y = b(y)
+    y.square().sum().backward()
+    out = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    x.grad = None
+    return out
+
+
+def test_plan_checkpoints_offloads_where_recomputation_cannot_fit_and_holds_the_budget(tier):
+    """A quarter of what keeping every block holds is below what any
+    recompute-only plan holds (every block's inputs and one recomputation);
+    with offload_to the planner offloads and the step holds the budget."""
+    prefire.count_cpu_allocations()
+    model = blocks(5, seed=12)
+    torch.manual_seed(13)
+    x = torch.randn(8, 16, 32, requires_grad=True)
+    expected = planned_step(model, x)
+    probe = copy.deepcopy(model)
+    planner = prefire.plan_checkpoints(probe, memory_budget=10 ** 12)
+    planned_step(probe, x)
+    costs = planner.costs
+    none = sum(c.saved_bytes for c in costs)
+    budget = none // 4
+    assert budget < prefire.least_plan_bytes(costs, prefire.Release.IN_BACKWARD), "recompute-only cannot fit"
+    with pytest.raises(ValueError, match="below the least"):
+        planned_step(_planned(model, budget, None), x)
+    planned = _planned(model, budget, tier)
+    with pytest.warns(UserWarning, match="the measuring step checkpointed every block"):  # above the budget
+        assert all(torch.equal(g, e) for g, e in zip(planned_step(planned, x), expected))
+    plan = planned.planner.plan
+    assert any(plan.offloaded) and plan.peak_bytes <= budget
+    assert all(c.offload_seconds > 0 and c.offload_moved_bytes >= c.saved_bytes for c in planned.planner.costs)
+    # the planned step: bit-equal, and by the allocator, what its forward leaves is within the budget
+    before = prefire.allocator_bytes("cpu").current
+    torch.manual_seed(11)
+    y = x
+    for b in planned:
+        y = b(y)
+    tier.synchronize()
+    held = prefire.allocator_bytes("cpu").current - before - y.nbytes
+    assert held <= budget, (held, budget)
+    y.square().sum().backward()
+    got = [x.grad.clone()] + [p.grad.clone() for p in planned.parameters()]
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    assert "offloaded" in planned.planner.describe()
+
+
+def _planned(model, budget, offload_to):
+    planned = copy.deepcopy(model)
+    planned.planner = prefire.plan_checkpoints(planned, memory_budget=budget, offload_to=offload_to)
+    return planned
