@@ -19,8 +19,15 @@ the check that the plan keeps within its budget, are in prefire's census (a
 SavedTensorMeter plus recomputed bytes), which is what memory_budget covers.
 Times are medians over interleaved rounds.
 
+With --offload-dir DIR, budgets are fractions of what checkpointing none
+holds (--fractions, default 0.25,0.5,0.75), and each is planned twice:
+recompute-only, and with offloading as a fourth choice (plan_checkpoints(...,
+offload_to=an OffloadTier.host_file in DIR)); both are timed in the same
+interleaved rounds, and memory is the CPU allocator's: the step peak, and
+what the forward leaves held (the activations kept for backward).
+
     PYTHONPATH=build/python ~/.cache/prefire/venv/bin/python benchmarks/python_plan_sweep.py \
-        [--json sweep.json] [--plot docs/plan-sweep.png]
+        [--json sweep.json] [--plot docs/plan-sweep.png] [--offload-dir /tmp]
 """
 
 import argparse
@@ -88,6 +95,69 @@ def step_peak(step):
     return peak.bytes
 
 
+def forward_held(blocks, x):
+    """What the CPU allocator holds after the forward above what it held
+    before it (the activations kept for backward, the output included)."""
+    before = prefire.allocator_bytes("cpu").current
+    h = x * 1.0
+    for b in blocks:
+        h = b(h)
+    for tier in TIERS:
+        tier.synchronize()
+    held = prefire.allocator_bytes("cpu").current - before
+    h.backward(torch.ones_like(h))
+    return held
+
+
+TIERS = []  # the offload tiers in use: their copies are waited for before memory is read
+
+
+def offload_sweep(args, reference, x, none_bytes):
+    """Budgets at fractions of none's census: recompute-only and offload plans."""
+    tier = prefire.OffloadTier.host_file(args.offload_dir, args.tier_mib << 20)
+    TIERS.append(tier)
+    probe_bytes = 64 << 20
+    seconds = min(tier.measure_copy_seconds(probe_bytes) for _ in range(3))
+    print(f"tier in {args.offload_dir}: one copy each way of {probe_bytes >> 20} MiB in {seconds * 1e3:.1f} ms "
+          f"({2 * probe_bytes / seconds / 1e9:.2f} GB/s)", flush=True)
+    rows = []
+    for fraction in [float(f) for f in args.fractions.split(",")]:
+        budget = round(fraction * none_bytes)
+        steps, plans, row = {}, {}, {"fraction": fraction, "budget_bytes": budget}
+        for name, offload_to in (("recompute", None), ("offload", tier)):
+            planned = copy.deepcopy(reference)
+            planner = prefire.plan_checkpoints(planned, memory_budget=budget, offload_to=offload_to)
+            step = step_fn(planned, x, lambda i, b, h: b(h))
+            try:
+                step()  # the measuring step
+            except ValueError as error:  # below the least plan of this kind
+                row[name] = {"error": str(error).split(" (")[0]}
+                continue
+            steps[name], plans[name] = step, planner.plan
+            row[name] = {"checkpointed": [i for i, c in enumerate(planner.plan.checkpointed) if c],
+                         "offloaded": [i for i, o in enumerate(planner.plan.offloaded) if o],
+                         "planned_peak_bytes": planner.plan.peak_bytes,
+                         "step_peak_bytes": step_peak(step), "forward_held_bytes": forward_held(planned, x)}
+        ms = median_ms(steps, args.rounds, args.iterations) if steps else {}
+        for name in steps:
+            row[name]["step_ms"] = ms[name]
+        rows.append(row)
+
+        def say(name):
+            r = row[name]
+            if "error" in r:
+                return f"{name}: no plan ({r['error']})"
+            return (f"{name}: checkpoints {r['checkpointed']} (offloaded {r['offloaded']}), forward leaves "
+                    f"{r['forward_held_bytes'] / 2**20:6.2f} MiB, step peak {r['step_peak_bytes'] / 2**20:6.2f} MiB, "
+                    f"{r['step_ms']:7.1f} ms")
+        ratio = (f" | offload/recompute {ms['offload'] / ms['recompute']:.3f}" if len(ms) == 2 else "")
+        print(f"{fraction:.2f} of none ({budget / 2**20:6.2f} MiB): {say('recompute')} | {say('offload')}{ratio}",
+              flush=True)
+    print(f"tier: {tier.bytes_written / 2**20:.1f} MiB written, {tier.bytes_read / 2**20:.1f} MiB read, "
+          f"peak {tier.peak_used_bytes / 2**20:.1f} MiB used", flush=True)
+    return rows
+
+
 def held_bytes(step):
     """The most bytes the step's activations held: saved (census) plus recomputed."""
     prefire.reset_runtime_peak()
@@ -140,6 +210,9 @@ def main():
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--offload-dir", help="a directory for an offload tier: the offload sweep (see above)")
+    parser.add_argument("--fractions", default="0.25,0.5,0.75", help="the offload sweep's budgets, of none's")
+    parser.add_argument("--tier-mib", type=int, default=1024, help="the offload tier's capacity")
     parser.add_argument("--json")
     parser.add_argument("--plot")
     parser.add_argument("--replot", metavar="JSON", help="only draw --plot from a --json this script wrote")
@@ -165,6 +238,13 @@ def main():
     least = prefire.least_plan_bytes(planner.costs, prefire.Release.IN_BACKWARD)  # what the planner promises
     print(f"{n} blocks; measured: every block checkpointed {bytes_of['every 1'] / 2**20:.2f} MiB, none "
           f"{bytes_of['none'] / 2**20:.2f} MiB; the least plan promises {least / 2**20:.2f} MiB", flush=True)
+    if args.offload_dir:
+        rows = offload_sweep(args, reference, x, bytes_of["none"])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "blocks": n, "config_bytes": bytes_of, "least_plan_bytes": least,
+                           "offload_rows": rows}, f, indent=1)
+        return
     low, high = max(least, bytes_of["every 1"]), bytes_of["none"]
     budgets = [round(low + (high - low) * k / (args.budgets - 1)) for k in range(args.budgets)]
     rows = []

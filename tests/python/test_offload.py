@@ -245,3 +245,31 @@ def _planned(model, budget, offload_to):
     planned = copy.deepcopy(model)
     planned.planner = prefire.plan_checkpoints(planned, memory_budget=budget, offload_to=offload_to)
     return planned
+
+
+def test_zbv_with_offloaded_blocks_fetches_each_once_per_micro_batch_and_matches_no_checkpointing(one_rank, tier):
+    """torch's ZBV schedule with both stages on this rank: B and W split by
+    the schedule share one fetch per block and micro-batch through
+    prefire.pipelining's sessions; no block runs again."""
+    from test_pipelining import TINY, count_runs, zbv_one_rank
+
+    from prefire import pipelining
+    from prefire.pipeline_bench.model import reference_gradients
+
+    expected = reference_gradients(TINY)
+    schedule, modules, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x, offload_to=tier))
+    sessions = pipelining.enable(schedule)
+    runs = count_runs(modules)
+    step()  # the first step also infers shapes
+    for _ in range(2):
+        runs.clear()
+        before = prefire.runtime_stats()
+        grads = step()
+        after = prefire.runtime_stats()
+        assert all(torch.equal(grads[n], expected[n]) for n in expected)
+        assert runs == {b: TINY.micro_batches for b in range(TINY.blocks)}, "forward only"
+        assert after.recomputations == before.recomputations
+        assert after.offload_fetches - before.offload_fetches == TINY.blocks * TINY.micro_batches
+        assert after.unshared_recomputations == before.unshared_recomputations
+        assert after.held_bytes == 0
+    sessions.disable()
