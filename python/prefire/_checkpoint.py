@@ -53,19 +53,21 @@ _warned = set()
 # prefire.checkpoint call of a forward, in order, whatever made it: a block
 # runner, torch's checkpoint_wrapper with checkpoint_fn=prefire.checkpoint,
 # prefire.checkpoint_wrapper. Inside `planned_calls(run)`, checkpoint(fn,
-# ...) returns run(checkpointed, plain, selective, args, kwargs), where
-# checkpointed() is the checkpoint, plain() is fn(*args, **kwargs)
-# unchecked, and selective(context_fn) the checkpoint with that context_fn
+# ...) returns run(checkpointed, plain, selective, offloaded, args, kwargs),
+# where checkpointed() is the checkpoint, plain() is fn(*args, **kwargs)
+# unchecked, selective(context_fn) the checkpoint with that context_fn
 # (a selective one's, Note [Measuring a selective checkpoint] in
 # _selective.py), None where the call has a context_fn of its own (a plan
-# never replaces what the user chose); while run runs, calls go through
+# never replaces what the user chose), and offloaded(tier) the checkpoint
+# offloaded to that tier (Note [Offloaded blocks in a plan]), None where
+# the call offloads by itself; while run runs, calls go through
 # unplanned (a block's nested checkpoints are the block's). Recomputations
 # run outside any planned forward.
 _planned = threading.local()
 
-#: run(checkpointed, plain, selective, args, kwargs) -> output
+#: run(checkpointed, plain, selective, offloaded, args, kwargs) -> output
 PlannedRun = Callable[[Callable[[], Any], Callable[[], Any], Optional[Callable[[Callable[[], Any]], Any]],
-                       Tuple[Any, ...], Dict[str, Any]], Any]
+                       Optional[Callable[[Any], Any]], Tuple[Any, ...], Dict[str, Any]], Any]
 
 
 @contextlib.contextmanager
@@ -81,11 +83,11 @@ def planned_calls(run: PlannedRun):
 
 
 def _run_planned(run: PlannedRun, checkpointed: Callable[[], Any], plain: Callable[[], Any],
-                 selective: Optional[Callable[[Callable[[], Any]], Any]], args: Tuple[Any, ...],
-                 kwargs: Dict[str, Any]) -> Any:
+                 selective: Optional[Callable[[Callable[[], Any]], Any]], offloaded: Optional[Callable[[Any], Any]],
+                 args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     _planned.run = None
     try:
-        return run(checkpointed, plain, selective, args, kwargs)
+        return run(checkpointed, plain, selective, offloaded, args, kwargs)
     finally:
         _planned.run = run
 
@@ -340,12 +342,14 @@ def checkpoint(
         raise ValueError("prefire.checkpoint: debug=True is not supported")
     planned = getattr(_planned, "run", None)
     if planned is not None:
-        def with_context(context: Optional[Callable[[], Tuple[ContextManager, ContextManager]]]) -> Any:
+        def with_context(context: Optional[Callable[[], Tuple[ContextManager, ContextManager]]],
+                         tier: Optional[_C.OffloadTier] = offload_to) -> Any:
             return checkpoint(function, *args, context_fn=context, determinism_check=determinism_check,
-                              early_stop=early_stop, preserve_rng_state=preserve_rng_state, offload_to=offload_to,
+                              early_stop=early_stop, preserve_rng_state=preserve_rng_state, offload_to=tier,
                               offload_inputs_only=offload_inputs_only, **kwargs)
         return _run_planned(planned, lambda: with_context(context_fn), lambda: function(*args, **kwargs),
-                            with_context if context_fn is None else None, args, kwargs)
+                            with_context if context_fn is None else None,
+                            (lambda tier: with_context(context_fn, tier)) if offload_to is None else None, args, kwargs)
     forced = torch_checkpoint._enable_checkpoint_early_stop  # set_checkpoint_early_stop wins, as in torch
     if forced is not None:
         early_stop = forced

@@ -14,7 +14,10 @@ from . import _C
 from ._hook_points import Action, planner_actions
 from ._measuring import Measured
 
-KEEP, CHECKPOINT, SELECTIVE = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE
+KEEP, CHECKPOINT, SELECTIVE, OFFLOAD = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE, _C.Choice.OFFLOAD
+#: What the compute beside an offloaded block's copies is taken to hide: the copy into the tier, which runs on the
+#: tier's worker during the rank's other work; not the fetch (Note [A pipeline rank's memory plan]).
+OFFLOAD_HIDDEN = 0.5
 
 
 @dataclass
@@ -22,10 +25,12 @@ class StageMeasured:
     """What the forwards of one stage and signature measured, per block:
     (kept bytes, what its measuring forward measured) of each micro-batch;
     and what a block still held after its micro-batch's W, per choice
-    (KEEP, CHECKPOINT, SELECTIVE; None: not seen yet)."""
+    (KEEP, CHECKPOINT, SELECTIVE, OFFLOAD; None: not seen yet); where
+    offloading is a choice, each run's copies into an offload tier and back."""
 
     blocks: List[List[Tuple[int, Measured]]] = field(default_factory=list)
     after: Dict[Any, List[Optional[int]]] = field(default_factory=dict)  # per choice, per block
+    copies: List[List[Tuple[int, float]]] = field(default_factory=list)  # per block, per run: (bytes moved, seconds)
 
 
 def stage_costs(measured: StageMeasured, actions: List[Action], stage: int, micro_batches: int,
@@ -43,10 +48,19 @@ def stage_costs(measured: StageMeasured, actions: List[Action], stage: int, micr
               CHECKPOINT: [max(r.input_bytes for _, r in runs) for runs in measured.blocks],
               SELECTIVE: [-1 if min(r.selective_bytes for _, r in runs) < 0
                           else max(r.selective_bytes for _, r in runs) for runs in measured.blocks]}
+    offloadable = any(measured.copies)
+    if offloadable:  # offloaded, a block holds nothing on the device until its fetch (plain CPU tensors)
+        wholes[OFFLOAD] = [0] * len(measured.blocks)
     shares = {c: _share(measured.after[c], wholes[c]) for c in wholes}
     costs = []
     for index, runs in enumerate(measured.blocks):
         after = {c: _after(measured.after[c][index], max(0, wholes[c][index]), last, shares[c]) for c in wholes}
+        offload = {}
+        if offloadable:
+            copies = measured.copies[index]
+            offload = dict(offload_bytes=0, offload_moved_bytes=max(moved for moved, _ in copies),
+                           offload_seconds=statistics.median(seconds for _, seconds in copies),
+                           offload_hidden=OFFLOAD_HIDDEN, offload_after_bytes=after[OFFLOAD])
         selective = wholes[SELECTIVE][index]
         costs.append(_C.BlockCost(
             saved_bytes=wholes[KEEP][index], input_bytes=wholes[CHECKPOINT][index],
@@ -54,7 +68,7 @@ def stage_costs(measured: StageMeasured, actions: List[Action], stage: int, micr
             alive=moments, done=done, passes=passes, saved_after_bytes=after[KEEP],
             input_after_bytes=after[CHECKPOINT], selective_bytes=selective,
             selective_seconds=statistics.median(r.selective_seconds for _, r in runs) if selective >= 0 else 0.0,
-            selective_after_bytes=after[SELECTIVE] if selective >= 0 else 0))
+            selective_after_bytes=after[SELECTIVE] if selective >= 0 else 0, **offload))
     return costs
 
 

@@ -72,6 +72,18 @@ the choice. A block chosen so runs ``prefire.checkpoint`` with the
 policy's context_fn, in its own meter like the others; what it holds
 after W is learnt as for the other two choices.
 
+With ``offload_to=`` (an OffloadTier) a block has a fourth choice per
+micro-batch, offloaded (Note [Offloaded blocks in a plan] in
+src/plan/plan_bytes.cpp): after each measuring forward the tier times one
+copy each way of what an offload of the block moves (its saved storages
+and its inputs), and the plan counts half of it hidden: the copy into the
+tier runs on the tier's worker during the rank's other work, while the
+fetch runs when the micro-batch's B needs it (a bubble prefire of an
+offloaded block is a prefetch in a wait, so with bubble=True more is hidden
+than the plan counts). An offloaded block holds nothing on the device until
+its fetch, which its pass holds as it would a recomputation. A block chosen
+so runs ``prefire.checkpoint`` with ``offload_to``.
+
 A later step whose signature was measured runs that plan; one whose
 signature is new measures again (a shape change re-plans; shapes that
 alternate each keep their plan). A stage forward that makes another number
@@ -90,7 +102,7 @@ from ._budget import RankBudget
 from ._meter import SavedTensorMeter
 from ._hook_points import Action, planner_actions
 from ._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors
-from ._pipeline_costs import CHECKPOINT, KEEP, SELECTIVE, StageMeasured, stage_costs
+from ._pipeline_costs import CHECKPOINT, KEEP, OFFLOAD, SELECTIVE, StageMeasured, stage_costs
 from ._selective import context_fn, mode_costs
 
 
@@ -110,6 +122,7 @@ class RankPlan:
     pass_bytes: Dict[int, int]  # per stage, the most one of its passes holds (the planner's Plan.pass_bytes)
     checkpointed: Dict[int, List[List[bool]]]  # per stage, micro-batch and block: checkpointed, selectively or not
     selective: Dict[int, List[List[bool]]]
+    offloaded: Dict[int, List[List[bool]]]
 
     @property
     def session_bytes(self) -> int:
@@ -136,8 +149,8 @@ class _StageForward:
             return run()
 
     def run(self, checkpointed: Callable[[], Any], plain: Callable[[], Any],
-            selective: Optional[Callable[[Callable[[], Any]], Any]], args: Tuple[Any, ...],
-            kwargs: Dict[str, Any]) -> Any:
+            selective: Optional[Callable[[Callable[[], Any]], Any]], offloaded: Optional[Callable[[Any], Any]],
+            args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         if self.calls == 0:
             self.signature = signature(tensors(args, kwargs))
             self.choices = self.planner._choices(self.stage, self.micro_batch, self.signature)
@@ -155,6 +168,12 @@ class _StageForward:
                                    f"context_fn of its own where its plan, measured without one, checkpoints it "
                                    f"selectively; the forwards of one input signature must make the same calls")
             return self._metered(choice, lambda: selective(self.planner.selective_context))
+        if choice == OFFLOAD:
+            if offloaded is None:
+                raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s checkpoint call {index} offloads to a "
+                                   f"tier of its own where its plan, measured without one, offloads it; the "
+                                   f"forwards of one input signature must make the same calls")
+            return self._metered(choice, lambda: offloaded(self.planner.offload_to))
         return self._metered(choice, checkpointed if choice == CHECKPOINT else plain)
 
     def _measure(self, checkpointed: Callable[[], Any], selectable: bool, inputs: List[Any]) -> Any:
@@ -173,11 +192,14 @@ class RankPlanner:
     memory plan])."""
 
     def __init__(self, memory_budget: int, budget: RankBudget, stages: List[int], micro_batches: int,
-                 last_stage: Optional[int] = None, selective_policy: Optional[Callable[..., Any]] = None) -> None:
+                 last_stage: Optional[int] = None, selective_policy: Optional[Callable[..., Any]] = None,
+                 offload_to: Any = None) -> None:
         """``memory_budget``: checked by the caller; ``last_stage``: the
         pipeline's last stage, if on this rank; ``selective_policy``: a SAC
-        policy function, a third choice per block (None: keep or checkpoint)."""
+        policy function, a third choice per block (None: keep or checkpoint);
+        ``offload_to``: an OffloadTier, a fourth (None: none)."""
         self.last_stage = last_stage
+        self.offload_to = offload_to
         self.selective_policy = selective_policy
         self.selective_context = context_fn(selective_policy) if selective_policy is not None else None
         self.mode_costs = mode_costs(selective_policy) if selective_policy is not None else None
@@ -251,12 +273,17 @@ class RankPlanner:
         measured = self._measured.setdefault((forward.stage, forward.signature), StageMeasured())
         if not measured.blocks:
             measured.blocks = [[] for _ in handles]
-            measured.after = {choice: [None] * len(handles) for choice in (KEEP, CHECKPOINT, SELECTIVE)}
+            measured.after = {choice: [None] * len(handles) for choice in (KEEP, CHECKPOINT, SELECTIVE, OFFLOAD)}
+            measured.copies = [[] for _ in handles]
         if len(measured.blocks) != len(handles):
             raise RuntimeError(f"prefire.pipelining: stage {forward.stage}'s forwards of one signature made "
                                f"{len(measured.blocks)} and {len(handles)} checkpoint calls")
-        for block, handle, record in zip(measured.blocks, handles, forward.records):
-            block.append((_C.kept_bytes(handle), record))
+        for index, (block, handle, record) in enumerate(zip(measured.blocks, handles, forward.records)):
+            kept = _C.kept_bytes(handle)
+            block.append((kept, record))
+            if self.offload_to is not None:  # what an offload of it moves, each way, and the copies' time
+                moved = kept + record.input_bytes
+                measured.copies[index].append((moved, self.offload_to.measure_copy_seconds(moved)))
 
     def last_pass_ran(self, stage: int, micro_batch: int) -> None:
         """The W (or full backward) of ``micro_batch`` on ``stage`` ran: what
@@ -315,19 +342,21 @@ class RankPlanner:
         plan = _C.plan_for_budget(items, self.memory_budget, _C.Release.AT_STEP_END)
         checkpointed: Dict[int, List[List[bool]]] = {}
         selective: Dict[int, List[List[bool]]] = {}
+        offloaded: Dict[int, List[List[bool]]] = {}
         pass_bytes: Dict[int, int] = {}
         at = 0
         for stage, signature in key:
             n = len(self._measured[(stage, signature)].blocks)
             span = n if items is costs else n * self.micro_batches
-            for choices, chosen_items in ((checkpointed, plan.checkpointed), (selective, plan.selective)):
+            for choices, chosen_items in ((checkpointed, plan.checkpointed), (selective, plan.selective),
+                                          (offloaded, plan.offloaded)):
                 if items is costs:  # one choice per block, for every micro-batch
                     choices[stage] = [list(chosen_items[at:at + n])] * self.micro_batches
                 else:
                     choices[stage] = [list(chosen_items[at + m * n:at + (m + 1) * n]) for m in range(self.micro_batches)]
             pass_bytes[stage] = max(plan.pass_bytes[at:at + span], default=0)
             at += span
-        chosen = RankPlan(key, costs, plan, pass_bytes, checkpointed, selective)
+        chosen = RankPlan(key, costs, plan, pass_bytes, checkpointed, selective, offloaded)
         self._plans[key] = chosen
         self._use(chosen)
         _log.info("%s", describe(chosen, self.memory_budget))
@@ -344,20 +373,23 @@ class RankPlanner:
 
 
 def _choices_of(plan: RankPlan, stage: int, micro_batch: int) -> List[Any]:
-    checkpointed, selective = plan.checkpointed[stage], plan.selective[stage]
+    checkpointed, selective, offloaded = plan.checkpointed[stage], plan.selective[stage], plan.offloaded[stage]
     m = micro_batch % len(checkpointed)  # a step of more micro-batches than planned: as many as a plan has
-    return [SELECTIVE if s else CHECKPOINT if c else KEEP for c, s in zip(checkpointed[m], selective[m])]
+    return [OFFLOAD if o else SELECTIVE if s else CHECKPOINT if c else KEEP
+            for c, s, o in zip(checkpointed[m], selective[m], offloaded[m])]
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:
-    def blocks(checkpointed: List[bool], selective: List[bool]) -> str:
+    def blocks(checkpointed: List[bool], selective: List[bool], offloaded: List[bool]) -> str:
         sel = [i for i, c in enumerate(selective) if c]
-        return f"{[i for i, c in enumerate(checkpointed) if c]}" + (f" ({sel} selectively)" if sel else "")
+        off = [i for i, c in enumerate(offloaded) if c]
+        return (f"{[i for i, c in enumerate(checkpointed) if c]}" + (f" ({sel} selectively)" if sel else "")
+                + (f" ({off} offloaded)" if off else ""))
 
     def stage(s: int, ck: List[List[bool]]) -> str:
         by_choice: Dict[str, List[int]] = {}
-        for m, (c, sel) in enumerate(zip(ck, plan.selective[s])):
-            by_choice.setdefault(blocks(c, sel), []).append(m)
+        for m, (c, sel, off) in enumerate(zip(ck, plan.selective[s], plan.offloaded[s])):
+            by_choice.setdefault(blocks(c, sel, off), []).append(m)
         if len(by_choice) == 1:
             return f"stage {s}: checkpoints {next(iter(by_choice))} of {len(ck[0])} blocks"
         return f"stage {s}: checkpoints " + ", ".join(f"{b} in micro-batches {ms}" for b, ms in by_choice.items()) + \

@@ -83,7 +83,8 @@ class Pipelining:
     """The prefire sessions of one schedule (made by :func:`enable`)."""
 
     def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int = 3,
-                 memory_budget: Optional[int] = None, selective: Any = None, placement: Any = None) -> None:
+                 memory_budget: Optional[int] = None, selective: Any = None, placement: Any = None,
+                 offload_to: Any = None) -> None:
         _check_budget(budget_bytes)
         if placement is not None and not bubble:
             raise ValueError("prefire.pipelining: placement= places bubble prefires; pass bubble=True with it")
@@ -91,6 +92,13 @@ class Pipelining:
         if selective_policy is not None and memory_budget is None:
             raise ValueError("prefire.pipelining: selective= is a choice of memory_budget's plan; pass "
                              "memory_budget=N with it")
+        if offload_to is not None and memory_budget is None:
+            raise ValueError("prefire.pipelining: offload_to= is a choice of memory_budget's plan; pass "
+                             "memory_budget=N with it (or offload blocks by hand: prefire.checkpoint(..., "
+                             "offload_to=tier) in the stages)")
+        if offload_to is not None and not isinstance(offload_to, _C.OffloadTier):
+            raise ValueError(f"prefire.pipelining: offload_to must be a prefire.OffloadTier, got "
+                             f"{type(offload_to).__name__}")
         if memory_budget is not None:
             check_memory_budget("prefire.pipelining", memory_budget)
             if budget_bytes is not None:
@@ -112,7 +120,8 @@ class Pipelining:
         if memory_budget is not None:
             self.planner = RankPlanner(memory_budget, self.budget, [s.stage_index for s in stages],
                                        getattr(schedule, "_n_microbatches", 1),
-                                       next((s.stage_index for s in stages if s.is_last), None), selective_policy)
+                                       next((s.stage_index for s in stages if s.is_last), None), selective_policy,
+                                       offload_to)
         self._tables = tables
         self._training_steps = 0   # steps begun with a backward (Note [Hook points fail loudly])
         self._checked = False
@@ -270,6 +279,7 @@ class Pipelining:
 
 def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None,
            bubble_warmup_steps: int = 3, memory_budget: Optional[int] = None, selective: Any = None,
+           offload_to: Any = None,
            placement: Optional[Dict[Tuple[str, int, int], Any]] = None) -> Pipelining:
     """Gives each micro-batch's checkpoints a session shared by its backward
     passes, for every stage of ``schedule`` on this rank (see the module
@@ -313,6 +323,13 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
             each block's would hold and recompute (Note [Measuring a
             selective checkpoint] in ``_selective.py``); calls that pass a
             context_fn of their own keep it and get no third choice.
+        offload_to: with ``memory_budget``, a :class:`prefire.OffloadTier`:
+            a fourth choice per block and micro-batch, offloaded (what it
+            saves and its inputs copied to the tier in forward, fetched for
+            its B; a bubble prefire of it is a prefetch). The measuring step
+            times each block's copies on the tier (Note [Offloaded blocks in
+            a plan] in src/plan/plan_bytes.cpp; Note [A pipeline rank's
+            memory plan]).
         bubble_warmup_steps: training steps (``schedule.eval()`` steps do
             not count) before bubble prefires begin: the first warms up, the
             others measure each wait's length (Note [Filling bubbles]). At
@@ -328,4 +345,5 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
         A :class:`Pipelining`: ``stats()``, ``set_budget_bytes()``,
         ``disable()``.
     """
-    return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps, memory_budget, selective, placement)
+    return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps, memory_budget, selective, placement,
+                      offload_to)

@@ -273,3 +273,46 @@ def test_zbv_with_offloaded_blocks_fetches_each_once_per_micro_batch_and_matches
         assert after.unshared_recomputations == before.unshared_recomputations
         assert after.held_bytes == 0
     sessions.disable()
+
+
+@pytest.mark.parametrize("bubble", [False, True])
+def test_a_pipeline_plan_offloads_where_its_copies_cost_less_than_recomputing(one_rank, tier, bubble):
+    """enable(schedule, memory_budget=..., offload_to=tier): the measuring
+    step times each block's copies on the tier; at the least budget and
+    between, the plan offloads blocks (on this machine a copy costs far less
+    than a recomputation), holds its budget, and the gradients stay exact,
+    with bubble prefires prefetching offloaded blocks in the waits."""
+    from test_pipeline_plan import Run, bounds, planned_gpt, unchecked
+
+    from prefire import pipelining
+
+    modules, loss, batch, _ = planned_gpt(None)
+    expected, _ = Run([unchecked(m) for m in modules], loss, batch).step()
+    least, most = bounds(*planned_gpt(None)[:3])
+    for budget in (least, (least + most) // 2):
+        run = Run(*planned_gpt(budget)[:3])
+        run.sessions = pipelining.enable(run.schedule, bubble=bubble, memory_budget=budget, offload_to=tier)
+        fetches = prefire.runtime_stats().offload_fetches
+        for step in range(5):
+            grads, held = run.step()
+            assert held <= budget, (step, held, budget)
+            assert all(torch.equal(grads[n], expected[n]) for n in expected), step
+        plan = run.sessions.plan
+        assert plan.plan.peak_bytes <= budget
+        assert any(o for per_stage in plan.offloaded.values() for blocks in per_stage for o in blocks), plan.offloaded
+        assert all(c.offload_seconds > 0 and c.offload_bytes == 0 for c in plan.costs)
+        assert prefire.runtime_stats().offload_fetches > fetches
+        assert "offloaded" in pipelining.describe(plan, budget)
+        run.close()
+
+
+def test_pipelining_offload_to_needs_a_memory_budget_and_a_tier(one_rank, tier):
+    from test_pipeline_plan import Run, planned_gpt
+
+    from prefire import pipelining
+
+    run = Run(*planned_gpt(None)[:3])
+    with pytest.raises(ValueError, match="offload_to= is a choice of memory_budget's plan"):
+        pipelining.enable(run.schedule, offload_to=tier)
+    with pytest.raises(ValueError, match="offload_to must be a prefire.OffloadTier"):
+        pipelining.enable(run.schedule, memory_budget=1 << 30, offload_to="/tmp")
