@@ -29,7 +29,8 @@ prefire::BlockCost block_cost(const json& j) {
   expect_fields(j,
                 {"saved_bytes", "input_bytes", "recompute_seconds", "in_flight", "group", "alive", "done",
                  "saved_after_bytes", "input_after_bytes", "selective_bytes", "selective_seconds",
-                 "selective_after_bytes", "passes"},
+                 "selective_after_bytes", "offload_bytes", "offload_moved_bytes", "offload_seconds", "offload_hidden",
+                 "offload_after_bytes", "passes"},
                 "BlockCost");
   return prefire::BlockCost{.saved_bytes = j["saved_bytes"],
                             .input_bytes = j["input_bytes"],
@@ -43,6 +44,11 @@ prefire::BlockCost block_cost(const json& j) {
                             .selective_bytes = j["selective_bytes"],
                             .selective_seconds = j["selective_seconds"],
                             .selective_after_bytes = j["selective_after_bytes"],
+                            .offload_bytes = j["offload_bytes"],
+                            .offload_moved_bytes = j["offload_moved_bytes"],
+                            .offload_seconds = j["offload_seconds"],
+                            .offload_hidden = j["offload_hidden"],
+                            .offload_after_bytes = j["offload_after_bytes"],
                             .passes = j["passes"]};
 }
 
@@ -62,11 +68,13 @@ json plan_json(const prefire::Plan& p) {
   for (prefire::Choice c : p.choices) {
     choices.push_back(c == prefire::Choice::kKeep         ? "KEEP"
                       : c == prefire::Choice::kCheckpoint ? "CHECKPOINT"
-                                                          : "SELECTIVE");
+                      : c == prefire::Choice::kSelective  ? "SELECTIVE"
+                                                          : "OFFLOAD");
   }
   return {{"choices", choices},
           {"checkpointed", p.checkpointed},
           {"selective", p.selective},
+          {"offloaded", p.offloaded},
           {"prefire_ahead", p.prefire_ahead},
           {"peak_bytes", p.peak_bytes},
           {"recompute_seconds", p.recompute_seconds},

@@ -82,7 +82,10 @@ fetch runs when the micro-batch's B needs it (a bubble prefire of an
 offloaded block is a prefetch in a wait, so with bubble=True more is hidden
 than the plan counts). An offloaded block holds nothing on the device until
 its fetch, which its pass holds as it would a recomputation. A block chosen
-so runs ``prefire.checkpoint`` with ``offload_to``.
+so runs ``prefire.checkpoint`` with ``offload_to``. With offloading a plan
+may hold less than the measuring step (which checkpoints every block), so
+a budget down to the least any plan holds is taken, with a warning that the
+measuring step held more; without it such a budget raises as above.
 
 A later step whose signature was measured runs that plan; one whose
 signature is new measures again (a shape change re-plans; shapes that
@@ -326,20 +329,48 @@ class RankPlanner:
         elif learnt and self._current is not None:
             self._current = self._choose(self._current.key)
 
-    def _choose(self, key: PlanKey) -> RankPlan:
+    def _items(self, key: PlanKey) -> Tuple[List[Any], List[Any]]:
+        """The costs of ``key``'s blocks, and the planner's items: per (stage,
+        micro-batch, block) where the rank's actions say when each runs."""
         costs = [cost for stage, signature in key
                  for cost in stage_costs(self._measured[(stage, signature)], self._actions, stage, self.micro_batches,
                                          last=stage == self.last_stage and not self.last_stage_lets_go)]
-        # per (stage, micro-batch, block) where the rank's actions say when each micro-batch runs
         items = (_C.per_micro_batch(costs, planner_actions(self._actions), self.micro_batches) if self._actions
                  else costs)
-        least = _C.plan_bytes(items, [True] * len(items), 0, _C.Release.AT_STEP_END)  # as a measuring step runs
+        return costs, items
+
+    def least_budget(self) -> int:
+        """The least memory_budget the current plan's inputs take: what
+        checkpointing every block holds, as a measuring step runs them; with
+        offload_to, the least any plan holds (Note [A pipeline rank's memory
+        plan])."""
+        assert self._current is not None, "no plan yet: the first step measures"
+        _, items = self._items(self._current.key)
+        return self._least(items)[0]
+
+    def _least(self, items: List[Any]) -> Tuple[int, int]:
+        """(the least budget, what the measuring step holds) for ``items``."""
+        measuring = _C.plan_bytes(items, [True] * len(items), 0, _C.Release.AT_STEP_END)
+        if self.offload_to is None:
+            return measuring, measuring
+        return min(measuring, _C.least_plan_bytes(items, _C.Release.AT_STEP_END)), measuring
+
+    def _choose(self, key: PlanKey) -> RankPlan:
+        costs, items = self._items(key)
+        least, measuring = self._least(items)
         if self.memory_budget < least:
             raise ValueError(f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below what this rank's "
                              f"blocks hold with every one checkpointed, as a measuring step runs them: {least} bytes "
                              f"for inputs {list(key)} (their inputs, and each stage's recomputation where it runs, "
-                             f"{len(costs)} blocks, as the measuring step found them)")
+                             f"{len(costs)} blocks, as the measuring step found them)" if self.offload_to is None
+                             else f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below the least "
+                             f"any plan of this rank's blocks holds, offloading included: {least} bytes for inputs "
+                             f"{list(key)}")
         plan = _C.plan_for_budget(items, self.memory_budget, _C.Release.AT_STEP_END)
+        if self.memory_budget < measuring:
+            warnings.warn(f"prefire.pipelining: the measuring step checkpointed every block and held up to "
+                          f"{measuring} bytes, above memory_budget={self.memory_budget}; later steps hold at most "
+                          f"{plan.peak_bytes}", UserWarning, stacklevel=3)
         checkpointed: Dict[int, List[List[bool]]] = {}
         selective: Dict[int, List[List[bool]]] = {}
         offloaded: Dict[int, List[List[bool]]] = {}

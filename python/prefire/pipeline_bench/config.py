@@ -35,8 +35,10 @@ PLACED_MODE = "placed"
 #: fraction in ``RunConfig.memory_budgets``; plan-bubble: the same with
 #: ``bubble=True`` (prefire in the bubbles within what the plan leaves);
 #: plan-selective: the same with ``selective=True`` (a block may also be
-#: checkpointed selectively: matmul and attention outputs kept)
-PLAN_MODES = ("plan", "plan-bubble", "plan-selective")
+#: checkpointed selectively: matmul and attention outputs kept);
+#: plan-offload: the same with ``offload_to=`` a host file tier in the
+#: system's temporary directory (a block may also be offloaded)
+PLAN_MODES = ("plan", "plan-bubble", "plan-selective", "plan-offload")
 SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4") + PLAN_MODES
 
 

@@ -74,6 +74,7 @@ def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
             "measuring_held": [r["measuring_held_bytes"] for r in mode["ranks"]],
             "step_s": mode["step_s"], "plan": [r["plan"] for r in mode["ranks"]],
             "plan_selective": [r.get("plan_selective") or {} for r in mode["ranks"]],
+            "plan_offloaded": [r.get("plan_offloaded") or {} for r in mode["ranks"]],
             "within_budget": all(h <= b for h, b in zip(_held(mode), budgets)),
             "exact": mode["gradients"]["exact"],
             "fits": {t: m["step_s"] for t, m in fits.items()}, "fastest_fit": fastest,
@@ -93,13 +94,15 @@ def table(summary: Dict[str, Any]) -> str:
             held = ", ".join(f"{h / MiB:.2f}" for h in _held(modes[t]))
             lines.append(f"  {t:13s} {peak:>16s}  {held:>16s}  {modes[t]['step_s'] * 1e3:8.1f} ms")
     lines.append("prefire's plan: per rank budget -> activations MiB (census; measuring step), step peak MiB "
-                 "(allocator); step ms; blocks per stage (k: kept, c: checkpointed, s: selectively; per micro-batch, "
+                 "(allocator); step ms; blocks per stage (k: kept, c: checkpointed, s: selectively, o: offloaded; per "
+                 "micro-batch, "
                  "split by /, where they differ); torch's that fit (step peak at most the plan's on every rank); "
                  "plan / fastest that fits; plan / none (its steps over none's of the same index: their median)")
     for r in rows(summary):
         per_rank = "; ".join(f"{b / MiB:.2f} -> {h / MiB:.2f} ({m / MiB:.2f}), {p / MiB:.2f}"
                              for b, h, m, p in zip(r["budgets"], r["held"], r["measuring_held"], r["step_peak"]))
-        plan = " ".join(f"{s}:{plan_letters(ck, sel.get(s))}" for p, sel in zip(r["plan"], r["plan_selective"])
+        plan = " ".join(f"{s}:{plan_letters(ck, sel.get(s), off.get(s))}"
+                        for p, sel, off in zip(r["plan"], r["plan_selective"], r["plan_offloaded"])
                         for s, ck in p.items())
         fits = ", ".join(f"{t} {s * 1e3:.0f}" for t, s in r["fits"].items()) or "none fits"
         ratio = f"{r['plan_over_fastest']:.2f}" if r["plan_over_fastest"] is not None else "-"
@@ -110,12 +113,14 @@ def table(summary: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plan_letters(checkpointed: List[List[bool]], selective: Optional[List[List[bool]]]) -> str:
-    """A stage's plan: per block k (kept), c (checkpointed) or s (selectively); per micro-batch, joined by
-    "/", where they differ."""
+def plan_letters(checkpointed: List[List[bool]], selective: Optional[List[List[bool]]],
+                 offloaded: Optional[List[List[bool]]] = None) -> str:
+    """A stage's plan: per block k (kept), c (checkpointed), s (selectively) or o (offloaded); per
+    micro-batch, joined by "/", where they differ."""
     selective = selective or [[False] * len(ck) for ck in checkpointed]
-    per_micro_batch = ["".join("s" if s else "c" if c else "k" for c, s in zip(ck, sel))
-                       for ck, sel in zip(checkpointed, selective)]
+    offloaded = offloaded or [[False] * len(ck) for ck in checkpointed]
+    per_micro_batch = ["".join("o" if o else "s" if s else "c" if c else "k" for c, s, o in zip(ck, sel, off))
+                       for ck, sel, off in zip(checkpointed, selective, offloaded)]
     return per_micro_batch[0] if len(set(per_micro_batch)) == 1 else "/".join(per_micro_batch)
 
 
@@ -128,7 +133,8 @@ def plot(summary: Dict[str, Any], path: str) -> None:
     modes = summary["modes"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for mode, label in (("plan", "prefire plan"), ("plan-bubble", "prefire plan, bubble=True"),
-                        ("plan-selective", "prefire plan, selective=True")):
+                        ("plan-selective", "prefire plan, selective=True"),
+                        ("plan-offload", "prefire plan, offload_to=a host file tier")):
         plans = sorted((r for r in rows(summary) if r["name"].split(" ")[0] == mode),
                        key=lambda r: max(r["step_peak"]))
         if plans:
@@ -162,6 +168,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="also each budget's plan with bubble=True (prefire in bubbles within what the plan leaves)")
     p.add_argument("--selective", action="store_true",
                    help="also each budget's plan with selective=True (a block may be checkpointed selectively)")
+    p.add_argument("--offload", action="store_true",
+                   help="also each budget's plan with offload_to= a host file tier (a block may be offloaded)")
     p.add_argument("--uniform-budget", action="store_true",
                    help="one budget for every rank: each fraction of the most none held on any rank (what an SPMD "
                         "script passes), not of what none held on each rank")
@@ -173,7 +181,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         else ModelConfig()
     fractions = tuple(float(f) for f in a.memory_budgets.split(",") if f)
     modes = TORCH + ("session", "plan") + (("plan-bubble",) if a.bubble else ()) + \
-        (("plan-selective",) if a.selective else ())
+        (("plan-selective",) if a.selective else ()) + (("plan-offload",) if a.offload else ())
     config = RunConfig(model=model, schedule=a.schedule, modes=modes, steps=a.steps, warmup=a.warmup,
                        memory_budgets=fractions, uniform_budget=a.uniform_budget, meter_blocks=True, timeout_s=600.0)
     try:

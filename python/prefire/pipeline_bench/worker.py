@@ -15,6 +15,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict
@@ -61,6 +62,11 @@ class InjectedFault(RuntimeError):
 def _fault(kind: str, rank: int) -> bool:
     spec = os.environ.get("PREFIRE_PIPELINE_FAULT", "")
     return spec in (f"{kind}:{rank}", f"{kind}:*")
+
+
+#: plan-offload's tier per rank: a file in the system's temporary directory (what the default model offloads at most
+#: is some tens of MiB a rank)
+OFFLOAD_TIER_BYTES = 1 << 30
 
 
 def block_runner(mode: str, meter: bool = False):
@@ -171,8 +177,10 @@ class ModeRun:
             self.sessions = pipelining.enable(self.schedule, bubble=True,
                                               placement=rank_placement(cfg.placement, rank))
         elif mode in PLAN_MODES:  # the first step measures; its budget is set from what it found (step())
+            tier = (prefire.OffloadTier.host_file(tempfile.gettempdir(), OFFLOAD_TIER_BYTES)
+                    if mode == "plan-offload" else None)
             self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62, bubble=mode == "plan-bubble",
-                                              selective=mode == "plan-selective")
+                                              selective=mode == "plan-selective", offload_to=tier)
         self.recorder = Recorder(rank)
         for stage in stages:
             self.recorder.wrap_stage(stage)
@@ -203,7 +211,8 @@ class ModeRun:
             sessions.set_budget_bytes(int(held * self.budget_fraction))
         if self.mode in PLAN_MODES and len(self.steps) == 1:
             costs = sessions.plan.costs
-            least = prefire.least_plan_bytes(costs)
+            # with offload_to, a plan may hold less than checkpointing everything (the planner says how little)
+            least = sessions.planner.least_budget() if self.mode == "plan-offload" else prefire.least_plan_bytes(costs)
             # what none mode held on this rank so far, or without it what keeping every block holds by the plan
             most = (max(s["peak_held_bytes"] for s in self.none.steps) if self.none is not None and self.none.steps
                     else prefire.plan_bytes(costs, [False] * len(costs)))
@@ -289,6 +298,8 @@ class ModeRun:
             "plan": ({str(s): c for s, c in self.sessions.plan.checkpointed.items()}
                      if self.sessions is not None and self.sessions.plan is not None else None),
             "plan_selective": ({str(s): c for s, c in self.sessions.plan.selective.items()}
+                               if self.sessions is not None and self.sessions.plan is not None else None),
+            "plan_offloaded": ({str(s): c for s, c in self.sessions.plan.offloaded.items()}
                                if self.sessions is not None and self.sessions.plan is not None else None),
             "measuring_held_bytes": self.steps[0]["peak_held_bytes"],
             # what the plan was chosen from, in the plan's order (the simulator's search)
