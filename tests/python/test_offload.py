@@ -316,3 +316,30 @@ def test_pipelining_offload_to_needs_a_memory_budget_and_a_tier(one_rank, tier):
         pipelining.enable(run.schedule, offload_to=tier)
     with pytest.raises(ValueError, match="offload_to must be a prefire.OffloadTier"):
         pipelining.enable(run.schedule, memory_budget=1 << 30, offload_to="/tmp")
+
+
+def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradients(no_children_left):
+    """The pipeline program's plan-offload mode on 2 Gloo ranks (ZBV): at the
+    least budget and at half of none's, each rank's plan offloads blocks,
+    holds its budget, and the gradients equal the single-process reference."""
+    from prefire.pipeline_bench import run
+    from prefire.pipeline_bench.config import RunConfig
+    from prefire.pipeline_bench.model import ModelConfig
+    from prefire.pipeline_bench.sweep import rows
+
+    tiny = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
+    cfg = RunConfig(model=tiny, schedule="zbv", modes=("none", "plan", "plan-offload"), memory_budgets=(0.0, 0.5),
+                    meter_blocks=True, steps=2, warmup=2, timeout_s=120)
+    summary = run(cfg, world=2)
+    assert no_children_left()
+    sweep = {r["name"]: r for r in rows(summary)}
+    assert set(sweep) == {"plan 0%", "plan 50%", "plan-offload 0%", "plan-offload 50%"}
+    for name, r in sweep.items():
+        assert r["within_budget"] and r["exact"], (name, r)
+    for name in ("plan-offload 0%", "plan-offload 50%"):
+        offloaded = sweep[name]["plan_offloaded"]
+        assert all(any(o for per_stage in rank.values() for blocks in per_stage for o in blocks)
+                   for rank in offloaded), (name, offloaded)
+    # the least budget with offload is at most the recompute-only plan's, and below it on some rank
+    least = list(zip(sweep["plan-offload 0%"]["budgets"], sweep["plan 0%"]["budgets"]))
+    assert all(o <= p for o, p in least) and any(o < p for o, p in least), least
