@@ -328,8 +328,8 @@ def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradi
     from prefire.pipeline_bench.sweep import rows
 
     tiny = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
-    cfg = RunConfig(model=tiny, schedule="zbv", modes=("none", "plan", "plan-offload"), memory_budgets=(0.0, 0.5),
-                    meter_blocks=True, steps=2, warmup=2, timeout_s=120)
+    cfg = RunConfig(model=tiny, schedule="zbv", modes=("none", "torch", "session", "plan", "plan-offload"),
+                    memory_budgets=(0.0, 0.5), meter_blocks=True, steps=2, warmup=2, timeout_s=120)
     summary = run(cfg, world=2)
     assert no_children_left()
     sweep = {r["name"]: r for r in rows(summary)}
@@ -343,3 +343,13 @@ def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradi
     # the least budget with offload is at most the recompute-only plan's, and below it on some rank
     least = list(zip(sweep["plan-offload 0%"]["budgets"], sweep["plan 0%"]["budgets"]))
     assert all(o <= p for o, p in least) and any(o < p for o, p in least), least
+    # the simulator's search tries offloading as a fourth choice; over a tier far slower than a
+    # recomputation (an assumed bandwidth) its best plan at half of none's offloads nothing
+    from prefire._pipeline_costs import OFFLOAD
+    from prefire.pipeline_bench.plan_search import search
+
+    searched = {row["name"]: row for row in search(summary)}
+    assert {"plan-offload 0%", "plan-offload 50%"} <= set(searched)
+    assert searched["plan-offload 50%"]["chosen_over_best"] >= 1 - 1e-9
+    slow = {row["name"]: row for row in search(summary, bandwidth=1e3)}
+    assert not any(o == OFFLOAD for per_micro_batch in slow["plan-offload 50%"]["best"] for o in per_micro_batch)

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from .. import _C
 from .._hook_points import Action
-from .._pipeline_costs import CHECKPOINT, KEEP, SELECTIVE  # the planner's choices (_C.Choice)
+from .._pipeline_costs import CHECKPOINT, KEEP, OFFLOAD, SELECTIVE  # the planner's choices (_C.Choice)
 from .config import SCHEDULES
 from .replay import Costs, overlaps, rank_orders, replay
 from .measured import _placement, measured_costs
@@ -28,8 +28,12 @@ from .measured import _placement, measured_costs
 # some of its blocks checkpointed takes none mode's time for its kind plus
 # session mode's extra (its recomputation) in the share of the stage's
 # recomputation seconds those blocks recompute (a selective one its
-# selective seconds); the rest of the replay is as in
-# Note [What the simulator replays]. Both sides of the ratio are replays:
+# selective seconds, an offloaded one its copies' exposed seconds, Note
+# [Offloaded blocks in a plan]); the rest of the replay is as in Note [What
+# the simulator replays]. Offloaded blocks (a sweep's plan-offload runs) are
+# tried too; their copies take what the tier measured on the run's machine,
+# or, with --bandwidth, moved bytes / bandwidth each way (an assumed tier:
+# pinned host memory over PCIe, say), the hidden part as measured runs count it. Both sides of the ratio are replays:
 # it measures the planner's choice (least recomputation, bytes by its
 # count), not the replay's fidelity (``validate`` does that).
 
@@ -51,10 +55,24 @@ def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[List[Any]]]:
 
     checkpointed = {stage: per_micro_batch(rank["plan"], stage) for stage in stages}
     selective = {stage: per_micro_batch(rank.get("plan_selective") or {}, stage) for stage in stages}
+    offloaded = {stage: per_micro_batch(rank.get("plan_offloaded") or {}, stage) for stage in stages}
     micro_batches = len(checkpointed[stages[0]])
-    chosen = [[SELECTIVE if sel else CHECKPOINT if c else KEEP for stage in stages
-               for c, sel in zip(checkpointed[stage][m], selective[stage][m])] for m in range(micro_batches)]
+    chosen = [[OFFLOAD if off else SELECTIVE if sel else CHECKPOINT if c else KEEP for stage in stages
+               for c, sel, off in zip(checkpointed[stage][m], selective[stage][m], offloaded[stage][m])]
+              for m in range(micro_batches)]
     return costs, chosen
+
+
+def with_bandwidth(costs: List[Any], bandwidth: float) -> List[Any]:
+    """``costs`` with each offloadable block's copies at ``bandwidth`` bytes
+    per second each way (its moved bytes out and back)."""
+    out = []
+    for cost in costs:
+        fields = cost.to_dict()
+        if fields["offload_bytes"] >= 0:
+            fields["offload_seconds"] = 2 * fields["offload_moved_bytes"] / bandwidth
+        out.append(_C.BlockCost.from_dict(fields))
+    return out
 
 
 def _plan_bytes(blocks: Sequence[Any], choices: Sequence[Any]) -> int:
@@ -82,10 +100,11 @@ def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[A
                  costs.overhead, costs.tail, instance=instance)
 
 
-def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
+def search(summary: Dict[str, Any], bandwidth: float = 0.0) -> List[Dict[str, Any]]:
     """Per plan run of a memory sweep: the fastest replayed per-block plan
     within every rank's budget, and prefire's plan (per micro-batch)
-    replayed (Note [Searching per-block plans])."""
+    replayed (Note [Searching per-block plans]); ``bandwidth``: bytes per
+    second each way of an assumed offload tier (0: as measured)."""
     cfg = summary["config"]
     schedule, world, micro_batches = cfg["schedule"], cfg["world"], cfg["model"]["micro_batches"]
     costs = measured_costs(summary)
@@ -99,15 +118,16 @@ def search(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
 
     rows = []
     for name, mode in summary["modes"].items():
-        if name.split(" ")[0] not in ("plan", "plan-selective"):  # plan-bubble's prefires are not replayed here
+        if name.split(" ")[0] not in ("plan", "plan-selective", "plan-offload"):  # bubble prefires: not replayed
             continue
         plans = [_plan_of(r) for r in mode["ranks"]]
+        if bandwidth > 0:
+            plans = [(with_bandwidth(blocks, bandwidth), chosen) for blocks, chosen in plans]
         budgets = [r["memory_budget"] for r in mode["ranks"]]
         fitting = []
         for (blocks, _), budget in zip(plans, budgets):
-            choices = itertools.product(*[(KEEP, CHECKPOINT, SELECTIVE) if b.selective_bytes >= 0
-                                          else (KEEP, CHECKPOINT)
-                                          for b in blocks])
+            choices = itertools.product(*[(KEEP, CHECKPOINT) + ((SELECTIVE,) if b.selective_bytes >= 0 else ())
+                                          + ((OFFLOAD,) if b.offload_bytes >= 0 else ()) for b in blocks])
             fitting.append([list(c) for c in choices if _plan_bytes(blocks, c) <= budget])
         blocks = [b for rank_blocks, _ in plans for b in rank_blocks]
         best_s, best = float("inf"), None

@@ -61,15 +61,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     se = sub.add_parser("search", help="a memory sweep's plans against the fastest per-block plan within each "
                                        "budget (python -m prefire.pipeline_bench.sweep --json)")
     se.add_argument("runs", nargs="+", metavar="SWEEP.json")
+    se.add_argument("--bandwidth", type=float, default=0.0, metavar="GB/S",
+                    help="plan-offload runs: an assumed offload tier moving this many GB per second each way (0: "
+                         "the copies as the run's tier measured them)")
     a = p.parse_args(argv)
     summaries = [_read(path) for path in a.runs]
     if a.command == "search":
         print(f"{'schedule':14} {'run':9} {'plans':>5} {'best ms':>8} {'prefire ms':>10} {'prefire/best':>12} "
-              f"{'measured ms':>11}  best plan (k: kept, c: checkpointed, s: selectively) / prefire's")
+              f"{'measured ms':>11}  best plan (k: kept, c: checkpointed, s: selectively, o: offloaded) / prefire's")
         for summary in summaries:
-            for row in search(summary):
+            for row in search(summary, a.bandwidth * 1e9):
                 def letters(plan):  # per micro-batch, split by / where they differ
-                    per_micro_batch = ["".join("kcs"[int(o)] for o in options) for options in plan]
+                    per_micro_batch = ["".join("kcso"[int(o)] for o in options) for options in plan]
                     return per_micro_batch[0] if len(set(per_micro_batch)) == 1 else "/".join(per_micro_batch)
                 print(f"{summary['config']['schedule']:14} {row['name']:9} {row['plans_tried']:5d} "
                       f"{row['best_s'] * 1e3:8.1f} {row['chosen_s'] * 1e3:10.1f} {row['chosen_over_best']:12.3f} "
