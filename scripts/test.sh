@@ -5,7 +5,7 @@
 #   scripts/test.sh [ctest args]          build/, every test
 #   scripts/test.sh --asan [ctest args]   build-asan/: ASan + UBSan + LSan, every test but the package
 #                                         check (benchmarks are not built)
-#   scripts/test.sh --tsan [ctest args]   build-tsan/: TSan with lock-order checking, the scheduling,
+#   scripts/test.sh --tsan [ctest args]   build-tsan/: TSan with lock-order checking, the scheduling, offload,
 #                                         concurrency and random-schedule tests
 #
 # Why these sanitizer options, and what the sanitizers reported: tests/sanitizers/README.md.
@@ -31,7 +31,7 @@ case "$mode" in
     export PREFIRE_CMAKE_ARGS="${PREFIRE_CMAKE_ARGS:-} -DPREFIRE_SANITIZE=thread -DPREFIRE_BUILD_BENCHMARKS=OFF -DPREFIRE_BUILD_APPS=OFF"
     export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:detect_deadlocks=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1}"
     export PREFIRE_STRESS_ITERATIONS="${PREFIRE_STRESS_ITERATIONS:-40}"
-    filter=(-R 'Concurrency|Schedule|RandomSchedules|CheckpointGradients.TwoThreads')
+    filter=(-R 'Concurrency|Schedule|RandomSchedules|CheckpointGradients.TwoThreads|Offload')
     ;;
 esac
 
