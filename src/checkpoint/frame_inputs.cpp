@@ -54,16 +54,6 @@
 namespace prefire::detail {
 namespace {
 
-// A parameter among the inputs: what a recomputation would find again.
-class KeptInput final : public PackedTensor {
- public:
-  explicit KeptInput(at::Tensor t) : tensor_(std::move(t)) {}
-  at::Tensor unpack() override { return tensor_; }
-
- private:
-  at::Tensor tensor_;
-};
-
 class OffloadedInput final : public PackedTensor {
  public:
   OffloadedInput(std::shared_ptr<OffloadTier> tier, StorageCopy copy, ViewGeometry view)
@@ -84,7 +74,8 @@ class InputOffload final : public HookContext {
   std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) override {
     const size_t index = count_++;
     if (tensor.has_storage() && !is_activation(tensor)) {
-      return std::make_unique<KeptInput>(tensor.requires_grad() ? tensor.tensor_data() : tensor);
+      // a parameter: what a recomputation would find again
+      return std::make_unique<KeptTensor>(tensor.requires_grad() ? tensor.tensor_data() : tensor);
     }
     if (const char* why = not_offloadable(tensor)) {
       throw CheckpointError(c10::str("prefire: input ", index, " of a checkpoint that offloads its inputs cannot go "

@@ -33,17 +33,6 @@
 namespace prefire::detail {
 namespace {
 
-// What the recomputation's own graph keeps: the tensor itself (that graph is
-// dropped when the recomputation returns).
-class KeptTensor final : public PackedTensor {
- public:
-  explicit KeptTensor(at::Tensor t) : tensor_(std::move(t)) {}
-  at::Tensor unpack() override { return tensor_; }
-
- private:
-  at::Tensor tensor_;
-};
-
 // Whether a tensor a recomputation saves carries autograd state its slot must
 // not keep; see Note [Aliases of recomputed tensors].
 bool needs_alias(const at::Tensor& t) { return t.requires_grad(); }

@@ -29,6 +29,17 @@ class PackedTensor {
   virtual at::Tensor unpack() = 0;
 };
 
+/// A saved tensor kept as it is (a recomputation's own graph's; a parameter
+/// among an offloaded checkpoint's inputs).
+class KeptTensor final : public PackedTensor {
+ public:
+  explicit KeptTensor(at::Tensor t) : tensor_(std::move(t)) {}
+  at::Tensor unpack() override { return tensor_; }
+
+ private:
+  at::Tensor tensor_;
+};
+
 /// Thrown by a recomputation's pack to end it early (Note [Early stop] in
 /// checkpoint/frame.cpp). Not a std::exception, so that user code catching
 /// those lets it through; a hook source that crosses other frames carries it

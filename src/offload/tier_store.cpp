@@ -60,33 +60,33 @@ std::shared_ptr<Region> TierStore::allocate(int64_t nbytes, const std::string& w
       "graphs of earlier steps before this forward"));
 }
 
-void TierStore::write_now(const c10::Storage& storage, const Region& region) {
-  const char* data = static_cast<const char*>(storage.data());
+namespace {
+
+// Moves `nbytes` between `data` and the file at `offset` with `io` (pwrite or pread), however many calls it
+// takes; raises CheckpointError saying what failed (`what()`, built only then).
+template <typename Io, typename Data, typename What>
+void transfer(Io io, int fd, Data* data, int64_t nbytes, int64_t offset, const What& what) {
   int64_t done = 0;
-  while (done < region.nbytes) {
-    const ssize_t n = pwrite(fd_, data + done, region.nbytes - done, region.offset + done);
+  while (done < nbytes) {
+    const ssize_t n = io(fd, data + done, static_cast<size_t>(nbytes - done), offset + done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      throw CheckpointError(c10::str("prefire: writing ", region.nbytes, " bytes into the offload tier in \"",
-                                     directory_, "\" failed: ", reason(n < 0 ? errno : EIO)));
-    }
+    if (n <= 0) throw CheckpointError(c10::str("prefire: ", what(), " failed: ", reason(n < 0 ? errno : EIO)));
     done += n;
   }
+}
+
+}  // namespace
+
+void TierStore::write_now(const c10::Storage& storage, const Region& region) {
+  transfer(pwrite, fd_, static_cast<const char*>(storage.data()), region.nbytes, region.offset,
+           [&] { return c10::str("writing ", region.nbytes, " bytes into the offload tier in \"", directory_, '"'); });
   bytes_written_.fetch_add(region.nbytes, std::memory_order_relaxed);
 }
 
 void TierStore::read_now(const Region& region, c10::Storage& storage) {
-  char* data = static_cast<char*>(storage.mutable_data());
-  int64_t done = 0;
-  while (done < region.nbytes) {
-    const ssize_t n = pread(fd_, data + done, region.nbytes - done, region.offset + done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      throw CheckpointError(c10::str("prefire: reading ", region.nbytes, " bytes back from the offload tier in \"",
-                                     directory_, "\" failed: ", reason(n < 0 ? errno : EIO)));
-    }
-    done += n;
-  }
+  transfer(pread, fd_, static_cast<char*>(storage.mutable_data()), region.nbytes, region.offset, [&] {
+    return c10::str("reading ", region.nbytes, " bytes back from the offload tier in \"", directory_, '"');
+  });
   bytes_read_.fetch_add(region.nbytes, std::memory_order_relaxed);
 }
 
