@@ -169,8 +169,8 @@ void bind_plan(py::module_& m) {
       .done();
   py::class_<Plan> plan(m, "Plan", "A plan (prefire/plan.h): plan_for_budget's answer, or describe_plan's.");
   plan.def(py::init([](std::vector<Choice> choices, std::vector<bool> checkpointed, std::vector<bool> selective,
-                       std::vector<bool> offloaded, int64_t prefire_ahead, int64_t peak_bytes, double recompute_seconds, int64_t memory_budget,
-                       int64_t blocks_bytes, std::vector<int64_t> pass_bytes, std::vector<int64_t> moment_bytes,
+                       std::vector<bool> offloaded, int64_t prefire_ahead, int64_t peak_bytes,
+                       double recompute_seconds, int64_t memory_budget, int64_t blocks_bytes, std::vector<int64_t> pass_bytes, std::vector<int64_t> moment_bytes,
                        std::vector<int64_t> room_bytes) {
              return Plan{.choices = std::move(choices),
                          .checkpointed = std::move(checkpointed),

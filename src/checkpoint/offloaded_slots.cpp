@@ -87,9 +87,9 @@ void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
     return;
   }
   if (const char* why = not_offloadable(tensor)) {
-    throw CheckpointError(c10::str("prefire: an offloaded checkpoint saved a tensor its tier cannot take (saved tensor ",
-                                   slot, ", ", SlotMetadata::of(tensor).to_string(), "): ", why, ". Keep or "
-                                   "recompute this block instead of offloading it"));
+    throw CheckpointError(c10::str("prefire: an offloaded checkpoint saved a tensor its tier cannot take (saved "
+                                   "tensor ", slot, ", ", SlotMetadata::of(tensor).to_string(), "): ", why,
+                                   ". Keep or recompute this block instead of offloading it"));
   }
   for (size_t i = 0; i < forward_inputs_.size(); ++i) {
     const at::Tensor& in = forward_inputs_[i];
@@ -191,7 +191,9 @@ void OffloadedSlots::release(size_t slot) noexcept {
   if (entry.released) return;
   entry.released = true;
   entry.kept = at::Tensor();
-  if (entry.storage >= 0 && --stored_[entry.storage].holders == 0) freed = std::move(stored_[entry.storage].copy.region);
+  if (entry.storage >= 0 && --stored_[entry.storage].holders == 0) {
+    freed = std::move(stored_[entry.storage].copy.region);
+  }
 }
 
 }  // namespace prefire::detail

@@ -56,8 +56,8 @@ std::shared_ptr<Region> TierStore::allocate(int64_t nbytes, const std::string& w
   throw CheckpointError(c10::str(
       "prefire: the offload tier in \"", directory_, "\" is full: ", what, " needs ", nbytes, " bytes; the tier holds ",
       space_.used(), " of its ", space_.capacity(), " bytes and its longest free run is ", space_.largest_free(),
-      " bytes. Nothing was offloaded for this forward; make the tier larger, offload fewer blocks, or free the "
-      "graphs of earlier steps before this forward"));
+      " bytes. This forward fails, and what it offloaded so far is released with it; make the tier larger, "
+      "offload fewer blocks, or free the graphs of earlier steps before this forward"));
 }
 
 namespace {
