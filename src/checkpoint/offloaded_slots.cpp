@@ -14,7 +14,11 @@
 // the tier's worker and return at once, and the Recomputation's ready event
 // makes every unpack wait for them (as an unpack waits for a prefire stream's
 // event). A lazy fetch (an unpack with nothing fetched yet) reads on the
-// unpacking thread, after the copy into the tier is done.
+// unpacking thread, after the copy into the tier is done. The session
+// counters and the recompute observer see a fetch as they see a
+// recomputation (prefires, lazy recomputes, its kind and times), so what
+// times recomputations (a bubble filler) times fetches; RuntimeStats counts
+// fetches apart (offload_fetches), never as recomputations.
 //
 // Forward: a slot whose tensor is a parameter (a leaf that requires grad, or a
 // view of one) is kept by reference, as a recomputation would find it again;
