@@ -148,23 +148,26 @@ TEST(Offload, BAndWShareOneFetchPrefetchedOrLazyAndEqualUnchecked) {
   }
 }
 
+/// `block` run on `x` offloaded to `t`, and its handle.
+std::pair<at::Tensor, CheckpointHandle> offloaded_with_handle(const Block& block, const at::Tensor& x,
+                                                              const std::shared_ptr<OffloadTier>& t) {
+  HandleCollector collect;
+  at::Tensor y = checkpoint(block.fn(), {x}, offload_to(t))[0];
+  EXPECT_EQ(collect.handles().size(), 1u);
+  return {y, collect.handles().at(0)};
+}
+
 TEST(Offload, APrefetchIsHeldByTheSessionAndServesItsBackward) {
   at::manual_seed(8);
   Block block(kDim, 0.0);
   auto t = tier();
   auto x = input(9);
-  at::Tensor y;
-  std::vector<CheckpointHandle> handles;
-  {
-    HandleCollector collect;
-    y = checkpoint(block.fn(), {x}, offload_to(t))[0];
-    handles = collect.handles();
-  }
+  auto [y, handle] = offloaded_with_handle(block, x, t);
   const auto expected = grads(block.forward(x), concat({x}, block.params()));
   t->synchronize();
   const int64_t read_before = t->bytes_read();
-  ASSERT_EQ(prefire(handles[0], 601), PrefireStatus::kRecomputed);
-  EXPECT_EQ(prefire(handles[0], 601), PrefireStatus::kAlreadyResident);
+  ASSERT_EQ(prefire(handle, 601), PrefireStatus::kRecomputed);
+  EXPECT_EQ(prefire(handle, 601), PrefireStatus::kAlreadyResident);
   EXPECT_GT(session_stats(601).current_bytes, 0) << "the prefetched storages are held by the session";
   TensorList got;
   {
@@ -252,15 +255,9 @@ TEST(Offload, APrefetchNoPassUsedIsReleasedAtClearAndTheTierWhenTheGraphGoes) {
   Block block(kDim, 0.1);
   auto t = tier();
   auto x = input(19);
-  at::Tensor y;
-  std::vector<CheckpointHandle> handles;
-  {
-    HandleCollector collect;
-    y = checkpoint(block.fn(), {x}, offload_to(t))[0];
-    handles = collect.handles();
-  }
+  auto [y, handle] = offloaded_with_handle(block, x, t);
   const int64_t wasted = runtime_stats().wasted_prefires;
-  ASSERT_EQ(prefire(handles[0], 602), PrefireStatus::kRecomputed);
+  ASSERT_EQ(prefire(handle, 602), PrefireStatus::kRecomputed);
   EXPECT_GT(runtime_stats().recomputed_bytes, 0);
   clear_session(602);
   EXPECT_EQ(runtime_stats().recomputed_bytes, 0);
