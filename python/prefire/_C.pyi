@@ -1,6 +1,7 @@
 # Type stubs of prefire's extension module (python/src/module.cpp, python/src/plan_bindings.cpp).
+import os
 from enum import Enum
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.utils.checkpoint
@@ -21,7 +22,7 @@ def checkpoint(
 
 class OffloadTier:
     @staticmethod
-    def host_file(directory: str, capacity_bytes: int) -> OffloadTier: ...
+    def host_file(directory: Union[str, "os.PathLike[str]"], capacity_bytes: int) -> OffloadTier: ...
     @property
     def capacity_bytes(self) -> int: ...
     @property

@@ -297,7 +297,14 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<OffloadTier, std::shared_ptr<OffloadTier>>(
       m, "OffloadTier", "Where offloaded checkpoints keep their saved tensors (prefire/offload.h).")
-      .def_static("host_file", &OffloadTier::host_file, py::arg("directory"), py::arg("capacity_bytes"),
+      .def_static(
+          "host_file",
+          [](const py::object& directory, int64_t capacity_bytes) {  // a str or any os.PathLike
+            const std::string path = py::str(py::module_::import("os").attr("fspath")(directory));
+            py::gil_scoped_release released;  // reserving the file may take a while
+            return OffloadTier::host_file(path, capacity_bytes);
+          },
+          py::arg("directory"), py::arg("capacity_bytes"),
                   "A host tier for CPU tensors: a file of capacity_bytes in directory, reserved and unlinked at "
                   "once; copies run on a worker thread of the tier")
       .def_property_readonly("capacity_bytes", &OffloadTier::capacity_bytes)

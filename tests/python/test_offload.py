@@ -20,7 +20,7 @@ TIER_BYTES = 64 << 20
 
 @pytest.fixture
 def tier(tmp_path):
-    return prefire.OffloadTier.host_file(str(tmp_path), TIER_BYTES)
+    return prefire.OffloadTier.host_file(tmp_path, TIER_BYTES)  # an os.PathLike, or a str
 
 
 class Block(torch.nn.Module):
@@ -148,6 +148,8 @@ def test_a_tier_that_cannot_be_made_or_is_full_says_so(tmp_path):
         prefire.OffloadTier.host_file(str(tmp_path / "nonexistent"), 1 << 20)
     with pytest.raises(ValueError, match="at least one page"):
         prefire.OffloadTier.host_file(str(tmp_path), 10)
+    with pytest.raises(TypeError):
+        prefire.OffloadTier.host_file(3, 1 << 20)
     small = prefire.OffloadTier.host_file(str(tmp_path), 2 * 4096)
     model = blocks(seed=8)
     x = torch.randn(4, 8, 32, requires_grad=True)
