@@ -219,6 +219,7 @@ class RankPlanner:
         self._actions: List[Action] = []           # the rank's actions in a step (empty: no order)
         self._open: Dict[Tuple[int, int], _StageForward] = {}  # (stage, micro-batch) -> its forward, until its W
         self._learnt = False                       # a block's bytes after W seen for the first time: plan again
+        self._warned: set = set()                  # (key, budget) whose measuring step was said to hold more
         # the schedule keeps no graph of the last stage past its W (Note [The last stage lets go of its
         # graph after W] in _hook_points.py): its blocks are taken to hold nothing after W until seen
         self.last_stage_lets_go = False
@@ -367,7 +368,8 @@ class RankPlanner:
                              f"any plan of this rank's blocks holds, offloading included: {least} bytes for inputs "
                              f"{list(key)}")
         plan = _C.plan_for_budget(items, self.memory_budget, _C.Release.AT_STEP_END)
-        if self.memory_budget < measuring:
+        if self.memory_budget < measuring and (key, self.memory_budget) not in self._warned:  # once, not per re-plan
+            self._warned.add((key, self.memory_budget))
             warnings.warn(f"prefire.pipelining: the measuring step checkpointed every block and held up to "
                           f"{measuring} bytes, above memory_budget={self.memory_budget}; later steps hold at most "
                           f"{plan.peak_bytes}", UserWarning, stacklevel=3)
