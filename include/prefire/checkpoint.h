@@ -71,9 +71,9 @@ struct CheckpointOptions {
   bool preserve_rng_state = true;
   DeterminismCheck determinism_check = DeterminismCheck::kMetadata;
   ContextFn context_fn;
-  /// Offload instead of recompute: every tensor the forward saves, and the
-  /// checkpoint's inputs, are copied to this tier and fetched back for
-  /// backward (prefire() prefetches them);
+  /// Offload instead of recompute: every tensor the forward saves is copied
+  /// to this tier and fetched back for backward (prefire() prefetches them);
+  /// the checkpoint keeps no inputs;
   /// `fn` is not run again, so preserve_rng_state and the determinism check
   /// have nothing to do. nullptr (the default): recompute. See prefire/offload.h.
   std::shared_ptr<OffloadTier> offload_to;

@@ -27,7 +27,7 @@ enum class Choice : uint8_t {
   kKeep,        ///< its forward's saved tensors stay for backward
   kCheckpoint,  ///< only its inputs stay; backward recomputes it
   kSelective,   ///< its inputs and the outputs a policy keeps stay; backward recomputes the rest
-  kOffload,     ///< its saved tensors and inputs go to a host tier in forward and come back for backward
+  kOffload,     ///< its saved tensors go to a host tier in forward and come back for backward
 };
 
 /// What one block costs, as a step that checkpointed it measured. Build it
@@ -52,11 +52,11 @@ struct BlockCost {
   int64_t selective_bytes = -1;       // bytes: what it holds instead (its inputs and the outputs it keeps); -1: none
   double selective_seconds = 0;       // seconds: what it adds to a step over keeping the block (its recomputation)
   int64_t selective_after_bytes = 0;  // bytes: of selective_bytes, the same as input_after_bytes
-  // Offloading (Note [Offloaded blocks in a plan]), a fourth choice: its saved tensors and inputs are copied to a
+  // Offloading (Note [Offloaded blocks in a plan]), a fourth choice: its saved tensors (inputs too) are copied to a
   // host tier in forward and fetched back for its backward, recomputing nothing:
   int64_t offload_bytes = -1;       // bytes: what it still holds on the device meanwhile (what no tier takes: 0 for a
                                     // block of plain tensors); -1: offloading is not offered for it
-  int64_t offload_moved_bytes = 0;  // bytes: what the copies move each way (its saved storages and inputs)
+  int64_t offload_moved_bytes = 0;  // bytes: what the copies move each way (its saved storages)
   double offload_seconds = 0;       // seconds: both copies at the tier's measured bandwidth (moved bytes each way)
   double offload_hidden = 0;        // 0..1: the part of offload_seconds the neighbouring compute hides
   int64_t offload_after_bytes = 0;  // bytes: of offload_bytes, the same as input_after_bytes

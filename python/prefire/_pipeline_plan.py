@@ -75,8 +75,8 @@ after W is learnt as for the other two choices.
 With ``offload_to=`` (an OffloadTier) a block has a fourth choice per
 micro-batch, offloaded (Note [Offloaded blocks in a plan] in
 src/plan/plan_bytes.cpp): after each measuring forward the tier times one
-copy each way of what an offload of the block moves (its saved storages
-and its inputs), and the plan counts half of it hidden: the copy into the
+copy each way of what an offload of the block moves (what keeping it
+holds: its saved storages, the inputs it saves among them), and the plan counts half of it hidden: the copy into the
 tier runs on the tier's worker during the rank's other work, while the
 fetch runs when the micro-batch's B needs it (a bubble prefire of an
 offloaded block is a prefetch in a wait, so with bubble=True more is hidden
@@ -285,9 +285,8 @@ class RankPlanner:
         for index, (block, handle, record) in enumerate(zip(measured.blocks, handles, forward.records)):
             kept = _C.kept_bytes(handle)
             block.append((kept, record))
-            if self.offload_to is not None:  # what an offload of it moves, each way, and the copies' time
-                moved = kept + record.input_bytes
-                measured.copies[index].append((moved, self.offload_to.measure_copy_seconds(moved)))
+            if self.offload_to is not None:  # an offload moves what keeping it holds, each way: the copies' time
+                measured.copies[index].append((kept, self.offload_to.measure_copy_seconds(kept)))
 
     def last_pass_ran(self, stage: int, micro_batch: int) -> None:
         """The W (or full backward) of ``micro_batch`` on ``stage`` ran: what

@@ -34,8 +34,8 @@ so runs prefire.checkpoint with the policy's context_fn.
 With ``offload_to=`` (a :class:`prefire.OffloadTier`) a block has a fourth
 choice, offloaded (Note [Offloaded blocks in a plan] in
 src/plan/plan_bytes.cpp): the measuring forward also measures, on the
-tier, one copy of the block's bytes each way (its saved storages and its
-inputs: an upper bound where the block saves its inputs); it holds nothing
+tier, one copy each way of what keeping the block would hold (the storages
+its forward saves, the inputs it saves among them); it holds nothing
 on the device meanwhile (offload_bytes 0), and half the copies' time counts
 as hidden: the copy into the tier runs on the tier's worker beside the
 next blocks' forward, the fetch on the backward's thread as it reaches the
@@ -218,9 +218,8 @@ class MemoryPlanner:
         saved_bytes = _C.kept_bytes(handles[0])
         offload = {}
         if self._offload_to is not None:
-            moved = saved_bytes + measured.input_bytes  # see Note [Planning a plain model's blocks]
-            offload = dict(offload_bytes=0, offload_moved_bytes=moved,
-                           offload_seconds=self._offload_to.measure_copy_seconds(moved), offload_hidden=0.5)
+            offload = dict(offload_bytes=0, offload_moved_bytes=saved_bytes,
+                           offload_seconds=self._offload_to.measure_copy_seconds(saved_bytes), offload_hidden=0.5)
         measuring.costs[index] = BlockCost(saved_bytes=saved_bytes, input_bytes=measured.input_bytes,
                                            recompute_seconds=measured.seconds,
                                            selective_bytes=measured.selective_bytes,

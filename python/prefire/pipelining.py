@@ -325,7 +325,7 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
             context_fn of their own keep it and get no third choice.
         offload_to: with ``memory_budget``, a :class:`prefire.OffloadTier`:
             a fourth choice per block and micro-batch, offloaded (what it
-            saves and its inputs copied to the tier in forward, fetched for
+            saves copied to the tier in forward, fetched for
             its B; a bubble prefire of it is a prefetch). The measuring step
             times each block's copies on the tier (Note [Offloaded blocks in
             a plan] in src/plan/plan_bytes.cpp; Note [A pipeline rank's

@@ -130,8 +130,11 @@ Frame::Frame(CheckpointFn fn, const TensorList& inputs, const CheckpointOptions&
       options_(options),
       // An offloaded frame never runs `fn` again: no generator state to restore.
       state_(CapturedState::capture(inputs, options.preserve_rng_state && !offloads_saved(options))),
-      inputs_(inputs, options.offload_to),
-      offloaded_(offloads_saved(options) ? std::make_unique<OffloadedSlots>(options.offload_to, inputs) : nullptr) {
+      // An offloaded frame keeps no inputs: it never runs `fn` again, and an input it saved is a slot, offloaded
+      // like any (Note [Offloading a checkpoint]).
+      inputs_(offloads_saved(options) ? TensorList{} : inputs,
+              options.offload_inputs_only ? options.offload_to : nullptr),
+      offloaded_(offloads_saved(options) ? std::make_unique<OffloadedSlots>(options.offload_to) : nullptr) {
   for (const auto& input : inputs) {
     if (input.defined() && input.has_storage()) {
       forward_uncounted_.insert(input.storage().unsafeGetStorageImpl());

@@ -22,15 +22,12 @@
 //
 // Forward: a slot whose tensor is a parameter (a leaf that requires grad, or a
 // view of one) is kept by reference, as a recomputation would find it again;
-// the checkpoint's inputs go to the tier as an inputs-only checkpoint's do
-// (Note [Offloading only a checkpoint's inputs] in checkpoint/frame_inputs.cpp),
-// and a slot that is one of them (same storage, offset, sizes, strides and
-// dtype: a block's LayerNorm saves its input) is taken from the frame's saved
-// inputs at fetch, as a recomputation takes them (read back, and an input
-// modified in place is reported), so the tier holds no second copy and the
-// block holds nothing on the device between forward and fetch but
-// parameters; every other saved storage is copied into the tier once, however many slots
-// view it, on the tier's worker (forward does not wait), and the copy holds
+// the frame keeps no inputs (it never runs the function again: an input it
+// saved, as a block's LayerNorm saves its input, is a slot like the others,
+// and one it did not save is needed by nothing), so the block holds nothing
+// on the device between forward and fetch but parameters; every other saved
+// storage is copied into the tier once, however many slots view it, on the
+// tier's worker (forward does not wait), and the copy holds
 // the storage until it is written, then lets it go: from then on only the tier
 // has those bytes, unless something else still holds the tensor (a block's
 // output the next block reads). The region is taken from the tier on the
@@ -95,18 +92,6 @@ void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
                                    "tensor ", slot, ", ", SlotMetadata::of(tensor).to_string(), "): ", why,
                                    ". Keep or recompute this block instead of offloading it"));
   }
-  for (size_t i = 0; i < forward_inputs_.size(); ++i) {
-    const at::Tensor& in = forward_inputs_[i];
-    if (in.defined() && in.has_storage() && in.storage().is_alias_of(tensor.storage()) &&
-        in.storage_offset() == tensor.storage_offset() && in.sizes() == tensor.sizes() &&
-        in.strides() == tensor.strides() && in.dtype() == tensor.dtype()) {
-      entry.input = static_cast<int>(i);
-      reads_inputs_ = true;
-      std::lock_guard<std::mutex> lock(mu_);
-      slots_.push_back(std::move(entry));
-      return;
-    }
-  }
   const c10::Storage& storage = tensor.storage();
   auto found = by_storage_.find(storage.unsafeGetStorageImpl());
   if (found == by_storage_.end()) {
@@ -125,13 +110,11 @@ void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
 }
 
 void OffloadedSlots::forward_done() {
-  forward_inputs_ = {};
   by_storage_ = {};
   pins_ = {};
 }
 
-void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t count, bool prefetch,
-                           const std::vector<at::Tensor>& inputs) {
+void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t count, bool prefetch) {
   struct Fetch {
     c10::Storage storage;
     StorageCopy copy;
@@ -151,10 +134,7 @@ void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t coun
             "in the offload tier may not be what forward saved. Modify a clone instead, or modify it only after "
             "backward"));
       }
-      if (entry.input >= 0) {
-        const at::Tensor& in = inputs.at(entry.input);
-        kept[slot] = in.requires_grad() ? in.tensor_data() : in;
-      } else if (entry.storage < 0) {
+      if (entry.storage < 0) {
         kept[slot] = entry.kept;
       } else if (!fetches[entry.storage].needed) {
         fetches[entry.storage] = {c10::Storage(), stored_[entry.storage].copy, true};

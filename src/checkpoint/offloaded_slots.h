@@ -24,30 +24,23 @@ namespace prefire::detail {
 
 class OffloadedSlots {
  public:
-  /// `inputs`: the checkpoint's inputs, told apart from other saved tensors during forward.
-  OffloadedSlots(std::shared_ptr<OffloadTier> tier, const std::vector<at::Tensor>& inputs)
-      : tier_(std::move(tier)), forward_inputs_(inputs) {}
+  explicit OffloadedSlots(std::shared_ptr<OffloadTier> tier) : tier_(std::move(tier)) {}
 
   /// Forward: keeps `tensor`, saved as slot `slot` (slots come in order): a
-  /// parameter (a leaf that requires grad, or a view of one) by reference, one
-  /// of the checkpoint's inputs as the input's index, anything else as a copy
-  /// in the tier, queued on the tier's worker. Raises
+  /// parameter (a leaf that requires grad, or a view of one) by reference,
+  /// anything else as a copy in the tier, queued on the tier's worker. Raises
   /// CheckpointError, before anything of this slot is kept, when the tensor
   /// cannot be offloaded (not a dense CPU tensor) or the tier is full.
   void add(size_t slot, const at::Tensor& tensor);
   /// Forward is done: storages are no longer told apart by address.
   void forward_done();
 
-  /// Whether a fetch needs the checkpoint's inputs (some slot is one).
-  bool reads_inputs() const { return reads_inputs_; }
   /// Fills `r` (reset to `count` slots) with the first `count` slots that
-  /// autograd still holds, taking input slots from `inputs` (the frame's
-  /// inputs unpacked; empty when !reads_inputs()): read back on this thread, or, for a prefetch,
+  /// autograd still holds: read back on this thread, or, for a prefetch,
   /// queued on the tier's worker with `r`'s ready event waiting for the
   /// reads. Raises CheckpointError when a slot's tensor was modified in place
   /// since forward or its copy failed; nothing is stored then.
-  void fetch(Recomputation& r, const SlotTable& slots, size_t count, bool prefetch,
-             const std::vector<at::Tensor>& inputs);
+  void fetch(Recomputation& r, const SlotTable& slots, size_t count, bool prefetch);
   /// Autograd released `slot`: its storage's copy goes once no held slot uses it.
   void release(size_t slot) noexcept;
 
@@ -57,8 +50,7 @@ class OffloadedSlots {
     int holders = 0;  // slots that use it and autograd holds
   };
   struct Slot {
-    int storage = -1;  // index into stored_; -1: kept by reference, or an input
-    int input = -1;    // the checkpoint's input it is
+    int storage = -1;  // index into stored_; -1: kept by reference
     at::Tensor kept;
     ViewGeometry view;
     c10::VariableVersion version{c10::VariableVersion::Disabled::DISABLED};
@@ -70,9 +62,7 @@ class OffloadedSlots {
   std::mutex mu_;  // guards stored_'s regions and holders, and each slot's `released`
   std::vector<Stored> stored_;
   std::vector<Slot> slots_;
-  bool reads_inputs_ = false;
-  // Forward only: the inputs, and each storage's index, pinned so that an address is not reused meanwhile.
-  std::vector<at::Tensor> forward_inputs_;
+  // Forward only: each storage's index, pinned so that an address is not reused meanwhile.
   ska::flat_hash_map<const c10::StorageImpl*, int> by_storage_;
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> pins_;
 };

@@ -173,9 +173,7 @@ RecomputeEvent fetch(const RecomputeSource& source, Recomputation& r, RecomputeE
   const bool prefetch = kind == RecomputeEvent::Kind::kPrefire;
   PREFIRE_NVTX_RANGE(prefetch ? "prefire::fetch(prefetch)" : "prefire::fetch(lazy)", session.value_or(-1));
   const auto begin = std::chrono::steady_clock::now();
-  // The inputs before anything is read: an enclosing checkpoint may recompute them.
-  const TensorList inputs = source.offloaded->reads_inputs() ? source.inputs.unpack() : TensorList{};
-  source.offloaded->fetch(r, source.slots, extent.slots, prefetch, inputs);
+  source.offloaded->fetch(r, source.slots, extent.slots, prefetch);
   count_offload_fetch(session.has_value());
   return RecomputeEvent{kind, session.value_or(-1), begin, std::chrono::steady_clock::now()};
 }

@@ -77,8 +77,8 @@
 // Note [Offloaded blocks in a plan]
 // A block may have a fourth choice (BlockCost::offload_bytes >= 0): offloaded
 // (Note [Offloading a checkpoint] in src/checkpoint/offloaded_slots.cpp), its
-// saved tensors and inputs copied to a host tier in forward and fetched back
-// for its backward. Between the two it holds offload_bytes on the device
+// saved tensors copied to a host tier in forward and fetched back for its
+// backward (it keeps no inputs). Between the two it holds offload_bytes on the device
 // (what the tier does not take); its fetch is charged the block's saved bytes
 // where a recomputation would be, in its pass and as a prefire when fetched
 // ahead, since the fetched copy is what the recomputation would have made.
