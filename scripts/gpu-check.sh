@@ -14,7 +14,9 @@
 #       tests run there, then again under compute-sanitizer when it is
 #       installed: memcheck over all of them, racecheck over the checksum
 #       kernel's), the overlap and unpack benchmarks, prefire-bench on CUDA
-#       with and without the session pool, and the whole suite last. Every stage has a
+#       with and without the session pool, the offload benchmark (one GPT
+#       block offloaded to pinned host memory against keeping it), and the
+#       whole suite last. Every stage has a
 #       time limit, so one that hangs costs only its own minutes. What it
 #       prints goes to $OUT/gpu-check.log (default out/gpu-check); the other
 #       outputs are packed into $OUT/outputs.tgz at the end (the device tool
@@ -80,7 +82,7 @@ cmake --build "$build" >"$res/build.log" 2>&1 || { grep -E "error|FAILED" "$res/
 echo "== built in $(( $(date +%s) - t0 )) s"
 
 tests="$build/tests/prefire_tests"
-stage "CUDA tests" 120 "$tests" --gtest_filter='Cuda.*' --gtest_output=json:"$res/cuda_tests.json"
+stage "CUDA tests" 120 "$tests" --gtest_filter='Cuda*' --gtest_output=json:"$res/cuda_tests.json"
 stage "overlap benchmark" 90 "$build/benchmarks/prefire_overlap_benchmark" \
   --benchmark_out="$res/overlap.json" --benchmark_out_format=json
 stage "prefire-bench on CUDA" 90 "$build/apps/prefire-bench/prefire-bench" --device cuda --json "$res/prefire-bench.json"
@@ -88,12 +90,14 @@ stage "prefire-bench on CUDA, session pool" 90 "$build/apps/prefire-bench/prefir
   --json "$res/prefire-bench-pool.json"
 stage "saved-tensor benchmark" 60 "$build/benchmarks/prefire_saved_tensor_benchmark" \
   --benchmark_out="$res/saved_tensor.json" --benchmark_out_format=json
+stage "offload benchmark" 120 env PYTHONPATH="$build/python" "$python" benchmarks/python_offload_gpu.py \
+  --json "$res/offload_gpu.json"
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [ -n "$sanitizer" ]; then
   # memcheck over every CUDA test; racecheck (shared-memory races) over the
   # tests that launch prefire's own kernel (CUB's block reduction).
   stage "compute-sanitizer memcheck" 150 "$sanitizer" --tool memcheck --error-exitcode 3 \
-    "$tests" --gtest_filter='Cuda.*'
+    "$tests" --gtest_filter='Cuda*'
   stage "compute-sanitizer racecheck" 90 "$sanitizer" --tool racecheck --error-exitcode 3 \
     "$tests" --gtest_filter='Cuda.Checksum*'
 

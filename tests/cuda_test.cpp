@@ -27,11 +27,6 @@
 namespace prefire::testing {
 namespace {
 
-#define PREFIRE_REQUIRE_GPU()                                     \
-  do {                                                            \
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device here"; \
-  } while (0)
-
 #if PREFIRE_WITH_CUDA
 
 constexpr int64_t kDim = 64;
@@ -41,13 +36,7 @@ const c10::Device kCuda(c10::kCUDA, 0);
 struct CudaStage {
   std::vector<Block> blocks;
   explicit CudaStage(int layers, double dropout) {
-    for (int i = 0; i < layers; ++i) {
-      Block b(kDim, dropout);
-      for (at::Tensor* p : {&b.ln_w, &b.ln_b, &b.wq, &b.wk, &b.wv, &b.wo, &b.w1, &b.b1, &b.w2, &b.b2}) {
-        *p = p->detach().to(kCuda).requires_grad_(true);
-      }
-      blocks.push_back(std::move(b));
-    }
+    for (int i = 0; i < layers; ++i) blocks.push_back(std::move(Block(kDim, dropout).to(kCuda)));
   }
   TensorList params() const {
     TensorList all;
@@ -58,16 +47,6 @@ struct CudaStage {
     for (const auto& b : blocks) x = checkpointed ? checkpoint(wrap ? wrap : b.fn(), {x})[0] : b.forward(x);
     return x;
   }
-};
-
-/// Turns the session buffer pool on or off for a scope.
-class PoolSetting {
- public:
-  explicit PoolSetting(bool on) : before_(session_pool_enabled()) { set_session_pool_enabled(on); }
-  ~PoolSetting() { set_session_pool_enabled(before_); }
-
- private:
-  bool before_;
 };
 
 int64_t reserved_bytes() {

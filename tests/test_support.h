@@ -73,6 +73,14 @@ struct Block {
 
   TensorList params() const { return {ln_w, ln_b, wq, wk, wv, wo, w1, b1, w2, b2}; }
 
+  /// Moves the parameters to `device`; they stay leaves.
+  Block& to(c10::Device device) {
+    for (at::Tensor* p : {&ln_w, &ln_b, &wq, &wk, &wv, &wo, &w1, &b1, &w2, &b2}) {
+      *p = p->detach().to(device).requires_grad_(true);
+    }
+    return *this;
+  }
+
   at::Tensor forward(const at::Tensor& x) const {
     auto h = at::layer_norm(x, {dim}, ln_w, ln_b);
     auto q = at::linear(h, wq), k = at::linear(h, wk), v = at::linear(h, wv);
@@ -136,6 +144,10 @@ struct Stage {
   explicit Stage(int layers, double dropout = 0.1, int64_t dim = 16) {
     for (int i = 0; i < layers; ++i) blocks.emplace_back(dim, dropout);
   }
+  Stage& to(c10::Device device) {
+    for (auto& b : blocks) b.to(device);
+    return *this;
+  }
   TensorList params() const {
     TensorList all;
     for (const auto& b : blocks) all = concat(all, b.params());
@@ -145,6 +157,24 @@ struct Stage {
     for (const auto& b : blocks) x = checkpointed ? checkpoint(b.fn(), {x}, options)[0] : b.forward(x);
     return x;
   }
+};
+
+/// Skips the test where no CUDA device is visible.
+#define PREFIRE_REQUIRE_GPU()                                     \
+  do {                                                            \
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device here"; \
+  } while (0)
+
+/// Turns the session buffer pool on or off for a scope.
+class PoolSetting {
+ public:
+  explicit PoolSetting(bool on) : before_(session_pool_enabled()) { set_session_pool_enabled(on); }
+  ~PoolSetting() { set_session_pool_enabled(before_); }
+  PoolSetting(const PoolSetting&) = delete;
+  PoolSetting& operator=(const PoolSetting&) = delete;
+
+ private:
+  bool before_;
 };
 
 /// The message of the `E` that `f` throws; a test failure (and "") when `f`

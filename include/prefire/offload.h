@@ -33,6 +33,15 @@ class OffloadTier {
   /// naming the directory and the reason when the file cannot be created or
   /// reserved (no such directory, no permission, no space).
   static std::shared_ptr<OffloadTier> host_file(const std::string& directory, int64_t capacity_bytes);
+  /// A host tier for CUDA tensors: `capacity_bytes` of page-locked host
+  /// memory, pinned at once. Copies to it run on a copy stream per device
+  /// (forward does not wait; the saved tensor's device memory is reused once
+  /// its copy is done), fetches on the stream that reads (a lazy fetch on
+  /// backward's, a prefetch on the prefire stream). See Note [The pinned host
+  /// tier] in src/offload/pinned_host_store.h. Raises std::invalid_argument for
+  /// capacity_bytes under one page and CheckpointError when this build has no
+  /// CUDA, no device is visible or the memory cannot be pinned.
+  static std::shared_ptr<OffloadTier> pinned_host(int64_t capacity_bytes);
 
   ~OffloadTier();
   OffloadTier(const OffloadTier&) = delete;
@@ -50,15 +59,16 @@ class OffloadTier {
 
   /// Blocks until every copy queued so far (into the tier or out of it) is
   /// done: then every offloaded storage the tier alone holds has been
-  /// released. Copy errors are not raised here but by the fetch that needs
+  /// released (on a device: given back to the caching allocator, which
+  /// reuses it at its next allocation). Copy errors are not raised here but by the fetch that needs
   /// the copy.
   void synchronize();
 
-  /// Seconds one copy of `nbytes` into the tier and one back take on this
-  /// thread, measured now on a scratch region (what a planner charges an
-  /// offloaded block, Note [Offloaded blocks in a plan] in
-  /// src/plan/plan_bytes.cpp). Raises CheckpointError when the tier has no
-  /// free run of `nbytes`.
+  /// Seconds one copy of `nbytes` into the tier and one back take, measured
+  /// now on a scratch region (the pinned host tier: from and to the current
+  /// CUDA device): what a planner charges an offloaded block, Note [Offloaded
+  /// blocks in a plan] in src/plan/plan_bytes.cpp. Raises CheckpointError when
+  /// the tier has no free run of `nbytes`.
   double measure_copy_seconds(int64_t nbytes);
 
   /// The tier's internals (the offloaded checkpoints' side).

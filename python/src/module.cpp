@@ -305,8 +305,12 @@ PYBIND11_MODULE(_C, m) {
             return OffloadTier::host_file(path, capacity_bytes);
           },
           py::arg("directory"), py::arg("capacity_bytes"),
-                  "A host tier for CPU tensors: a file of capacity_bytes in directory, reserved and unlinked at "
-                  "once; copies run on a worker thread of the tier")
+          "A host tier for CPU tensors: a file of capacity_bytes in directory, reserved and unlinked at once; "
+          "copies run on a worker thread of the tier")
+      .def_static("pinned_host", &OffloadTier::pinned_host, py::arg("capacity_bytes"),
+                  py::call_guard<py::gil_scoped_release>(),  // pinning may take a while
+                  "A host tier for CUDA tensors: capacity_bytes of page-locked host memory, pinned at once; copies "
+                  "run on a copy stream per device, fetches on the stream that reads (a prefetch: the prefire stream)")
       .def_property_readonly("capacity_bytes", &OffloadTier::capacity_bytes)
       .def_property_readonly("used_bytes", &OffloadTier::used_bytes, "bytes offloaded tensors hold now (in pages)")
       .def_property_readonly("peak_used_bytes", &OffloadTier::peak_used_bytes)

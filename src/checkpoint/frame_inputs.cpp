@@ -43,7 +43,8 @@
 
 #include "hooks/hook_stack.h"
 #include "memory/storage_census.h"
-#include "offload/storage_copy.h"
+#include "offload/tier_store.h"
+#include "offload/view_geometry.h"
 
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/variable.h>
@@ -58,7 +59,7 @@ class OffloadedInput final : public PackedTensor {
  public:
   OffloadedInput(std::shared_ptr<OffloadTier> tier, StorageCopy copy, ViewGeometry view)
       : tier_(std::move(tier)), copy_(std::move(copy)), view_(std::move(view)) {}
-  at::Tensor unpack() override { return view_.over(copy_.read_now(tier_->store())); }
+  at::Tensor unpack() override { return view_.over(tier_->store().read_now(copy_)); }
 
  private:
   std::shared_ptr<OffloadTier> tier_;
@@ -77,12 +78,12 @@ class InputOffload final : public HookContext {
       // a parameter: what a recomputation would find again
       return std::make_unique<KeptTensor>(tensor.requires_grad() ? tensor.tensor_data() : tensor);
     }
-    if (const char* why = not_offloadable(tensor)) {
+    if (const char* why = tier_->store().refuses(tensor)) {
       throw CheckpointError(c10::str("prefire: input ", index, " of a checkpoint that offloads its inputs cannot go "
                                      "to its tier: ", why, ". Recompute this block without offloading"));
     }
     return std::make_unique<OffloadedInput>(
-        tier_, StorageCopy::start(tier_->store(), tensor.storage(), c10::str("input ", index, " of a checkpoint")),
+        tier_, tier_->store().copy_in(tensor.storage(), c10::str("input ", index, " of a checkpoint")),
         ViewGeometry::of(tensor));
   }
 

@@ -10,11 +10,13 @@
 // runs), so everything above it is unchanged and shared: the keys of Note
 // [Recomputation keys], single flight, sessions (one fetched copy serves B and
 // W), retain_on_unpack, keep_only, clear, budgets and the byte gauges.
-// prefire() of an offloaded checkpoint is a prefetch: its reads are queued on
-// the tier's worker and return at once, and the Recomputation's ready event
-// makes every unpack wait for them (as an unpack waits for a prefire stream's
-// event). A lazy fetch (an unpack with nothing fetched yet) reads on the
-// unpacking thread, after the copy into the tier is done. The session
+// prefire() of an offloaded checkpoint is a prefetch: its reads are queued
+// (on the host file tier's worker; on the prefire stream for the pinned host
+// tier, Note [The pinned host tier] in offload/pinned_host_store.h) and return
+// at once, and the Recomputation's ready event makes every unpack wait for
+// them (as an unpack waits for a prefire stream's event). A lazy fetch (an
+// unpack with nothing fetched yet) reads on the unpacking thread (on a device:
+// its current stream), after the copy into the tier. The session
 // counters and the recompute observer see a fetch as they see a
 // recomputation (prefires, lazy recomputes, its kind and times), so what
 // times recomputations (a bubble filler) times fetches; RuntimeStats counts
@@ -27,14 +29,15 @@
 // and one it did not save is needed by nothing), so the block holds nothing
 // on the device between forward and fetch but parameters; every other saved
 // storage is copied into the tier once, however many slots view it, on the
-// tier's worker (forward does not wait), and the copy holds
+// tier's worker or copy stream (forward does not wait), and the copy holds
 // the storage until it is written, then lets it go: from then on only the tier
 // has those bytes, unless something else still holds the tensor (a block's
 // output the next block reads). The region is taken from the tier on the
 // forward's thread, so a full tier fails the forward, with the reason, before
-// anything of that tensor is dropped. What cannot be offloaded (a tensor that
-// is not dense on the CPU, a tensor subclass, a conjugate or negative view,
-// a quantized tensor) fails the forward too: a slot is never silently kept.
+// anything of that tensor is dropped. What the tier cannot take (a tensor
+// that is not dense, not on the tier's kind of device, a tensor subclass, a
+// conjugate or negative view, a quantized tensor) fails the forward too: a
+// slot is never silently kept.
 //
 // In place: each slot keeps its tensor's version counter. A fetch whose slot
 // was modified in place since it was saved raises CheckpointError, as
@@ -51,30 +54,13 @@
 
 #include <prefire/errors.h>
 
-#include "cuda/prefire_stream.h"
 #include "memory/storage_census.h"
-#include "offload/tier_store.h"
 
 #include <c10/util/StringUtil.h>
 
 #include <utility>
 
 namespace prefire::detail {
-namespace {
-
-// A prefetch's reads: an unpack waits for them before it hands a tensor out.
-class FetchReady final : public ReadyEvent {
- public:
-  explicit FetchReady(std::vector<std::shared_ptr<Copy>> reads) : reads_(std::move(reads)) {}
-  void hand_over(const at::Tensor&) override {
-    for (const auto& read : reads_) read->wait();
-  }
-
- private:
-  std::vector<std::shared_ptr<Copy>> reads_;
-};
-
-}  // namespace
 
 void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
   TORCH_INTERNAL_ASSERT(slot == slots_.size(), "offloaded slots out of order");
@@ -87,7 +73,7 @@ void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
     slots_.push_back(std::move(entry));
     return;
   }
-  if (const char* why = not_offloadable(tensor)) {
+  if (const char* why = tier_->store().refuses(tensor)) {
     throw CheckpointError(c10::str("prefire: an offloaded checkpoint saved a tensor its tier cannot take (saved "
                                    "tensor ", slot, ", ", SlotMetadata::of(tensor).to_string(), "): ", why,
                                    ". Keep or recompute this block instead of offloading it"));
@@ -96,7 +82,7 @@ void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
   auto found = by_storage_.find(storage.unsafeGetStorageImpl());
   if (found == by_storage_.end()) {
     // On this thread: a full tier fails the forward (Note [Offloading a checkpoint]).
-    Stored stored{StorageCopy::start(tier_->store(), storage, c10::str("saved tensor ", slot, " of a checkpoint"))};
+    Stored stored{tier_->store().copy_in(storage, c10::str("saved tensor ", slot, " of a checkpoint"))};
     std::lock_guard<std::mutex> lock(mu_);
     found = by_storage_.emplace(storage.unsafeGetStorageImpl(), static_cast<int>(stored_.size())).first;
     stored_.push_back(std::move(stored));
@@ -115,12 +101,8 @@ void OffloadedSlots::forward_done() {
 }
 
 void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t count, bool prefetch) {
-  struct Fetch {
-    c10::Storage storage;
-    StorageCopy copy;
-    bool needed = false;
-  };
-  std::vector<Fetch> fetches(stored_.size());
+  std::vector<int> fetched(stored_.size(), -1);  // each needed storage's index into `copies`
+  std::vector<StorageCopy> copies;
   std::vector<at::Tensor> kept(count);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -136,35 +118,29 @@ void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t coun
       }
       if (entry.storage < 0) {
         kept[slot] = entry.kept;
-      } else if (!fetches[entry.storage].needed) {
-        fetches[entry.storage] = {c10::Storage(), stored_[entry.storage].copy, true};
+      } else if (fetched[entry.storage] < 0) {
+        fetched[entry.storage] = static_cast<int>(copies.size());
+        copies.push_back(stored_[entry.storage].copy);  // holds the region while it is read
       }
     }
   }
-  std::vector<std::shared_ptr<Copy>> reads;
-  for (size_t i = 0; i < fetches.size(); ++i) {
-    Fetch& f = fetches[i];
-    if (!f.needed) continue;
-    if (!prefetch) {
-      f.storage = f.copy.read_now(tier_->store());
-      continue;
-    }
-    f.storage = f.copy.empty_storage();
-    if (f.copy.region) reads.push_back(tier_->store().read_async(f.copy.region, f.storage, f.copy.written));
-  }
+  std::vector<const StorageCopy*> reading;
+  for (const StorageCopy& copy : copies) reading.push_back(&copy);
+  TierStore::ReadBack back = tier_->store().read(reading, prefetch);
   r.reset(count);
+  if (back.in_pool) r.count_in_pool();
   for (size_t slot = 0; slot < count; ++slot) {
     const Slot& entry = slots_[slot];  // its geometry is read-only since forward
     if (entry.storage < 0) {
       if (kept[slot].defined()) r.store(slot, std::move(kept[slot]), slots.counted(slot));
       continue;
     }
-    const Fetch& f = fetches[entry.storage];
-    if (!f.needed || !slots.alive(slot)) continue;
-    r.store(slot, entry.view.over(f.storage), /*counted=*/true);  // a new storage, whatever forward's was
+    const int index = fetched[entry.storage];
+    if (index < 0 || !slots.alive(slot)) continue;
+    r.store(slot, entry.view.over(back.storages[index]), /*counted=*/true);  // a new storage, whatever forward's was
     if (!slots.alive(slot)) r.drop(slot);  // released meanwhile (as the recompute driver does)
   }
-  if (!reads.empty()) r.set_ready(std::make_shared<FetchReady>(std::move(reads)));
+  if (back.ready) r.set_ready(std::move(back.ready));
 }
 
 void OffloadedSlots::release(size_t slot) noexcept {

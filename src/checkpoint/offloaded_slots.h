@@ -8,7 +8,8 @@
 
 #include "checkpoint/recomputation.h"
 #include "checkpoint/slots.h"
-#include "offload/storage_copy.h"
+#include "offload/tier_store.h"
+#include "offload/view_geometry.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>
@@ -28,17 +29,17 @@ class OffloadedSlots {
 
   /// Forward: keeps `tensor`, saved as slot `slot` (slots come in order): a
   /// parameter (a leaf that requires grad, or a view of one) by reference,
-  /// anything else as a copy in the tier, queued on the tier's worker. Raises
-  /// CheckpointError, before anything of this slot is kept, when the tensor
-  /// cannot be offloaded (not a dense CPU tensor) or the tier is full.
+  /// anything else as a copy in the tier, queued on the tier's copy worker or
+  /// stream. Raises CheckpointError, before anything of this slot is kept,
+  /// when the tier cannot take the tensor or is full.
   void add(size_t slot, const at::Tensor& tensor);
   /// Forward is done: storages are no longer told apart by address.
   void forward_done();
 
   /// Fills `r` (reset to `count` slots) with the first `count` slots that
-  /// autograd still holds: read back on this thread, or, for a prefetch,
-  /// queued on the tier's worker with `r`'s ready event waiting for the
-  /// reads. Raises CheckpointError when a slot's tensor was modified in place
+  /// autograd still holds: read back now (on a device: on the current
+  /// stream), or, for a prefetch, queued (the host file tier's worker, the
+  /// prefire stream) with `r`'s ready event waiting for the reads. Raises CheckpointError when a slot's tensor was modified in place
   /// since forward or its copy failed; nothing is stored then.
   void fetch(Recomputation& r, const SlotTable& slots, size_t count, bool prefetch);
   /// Autograd released `slot`: its storage's copy goes once no held slot uses it.

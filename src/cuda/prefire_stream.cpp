@@ -108,8 +108,7 @@ Device& ready_device(c10::DeviceIndex index) {
 
 class CudaReadyEvent final : public ReadyEvent {
  public:
-  CudaReadyEvent(const c10::cuda::CUDAStream& producer, Device& device, std::shared_ptr<PoolLease> lease)
-      : device_(device), lease_(std::move(lease)) {
+  CudaReadyEvent(const c10::cuda::CUDAStream& producer, std::shared_ptr<PoolLease> lease) : lease_(std::move(lease)) {
     event_.record(producer.unwrap());
   }
 
@@ -119,18 +118,22 @@ class CudaReadyEvent final : public ReadyEvent {
     const c10::DeviceIndex index = t.device().index();
     auto consumer = c10::cuda::getCurrentCUDAStream(index);
     event_.block(consumer.unwrap());
-    std::unique_lock<std::mutex> window;  // the prefire's tensors live on the prefire stream's device
-    if (!open_here(index)) window = std::unique_lock<std::mutex>(device_.window_mu);
-    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), consumer);
+    record_stream_use(t.storage(), consumer.unwrap());  // the prefire's tensors live on its stream's device
   }
 
  private:
   c10::Event event_{c10::DeviceType::CUDA};
-  Device& device_;                     // never destroyed (device_state)
   std::shared_ptr<PoolLease> lease_;  // the pool the tensors live in, while they are held
 };
 
 }  // namespace
+
+void record_stream_use(const c10::Storage& storage, const c10::Stream& stream) {
+  const c10::DeviceIndex index = storage.device().index();
+  std::unique_lock<std::mutex> window;
+  if (!open_here(index)) window = std::unique_lock<std::mutex>(device_state(index).window_mu);
+  c10::cuda::CUDACachingAllocator::recordStream(storage.data_ptr(), c10::cuda::CUDAStream(stream));
+}
 
 struct PrefireRun::Impl {
   c10::DeviceIndex index;
@@ -207,11 +210,12 @@ bool PrefireRun::in_pool() const { return impl_ && impl_->lease != nullptr; }
 std::shared_ptr<ReadyEvent> PrefireRun::finish() {
   if (!impl_) return nullptr;
   impl_->close();  // (3)
-  return std::make_shared<CudaReadyEvent>(impl_->stream, impl_->device, impl_->lease);
+  return std::make_shared<CudaReadyEvent>(impl_->stream, impl_->lease);
 }
 
 #else  // !PREFIRE_WITH_CUDA
 
+void record_stream_use(const c10::Storage&, const c10::Stream&) {}
 struct PrefireRun::Impl {};
 PrefireRun::PrefireRun(std::optional<c10::Device>, const std::vector<at::Tensor>&) {}
 PrefireRun::~PrefireRun() = default;

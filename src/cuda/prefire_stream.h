@@ -54,6 +54,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Storage.h>
+#include <c10/core/Stream.h>
 
 #include <memory>
 #include <optional>
@@ -69,6 +71,12 @@ class ReadyEvent {
   /// `t`'s storage as used on that stream.
   virtual void hand_over(const at::Tensor& t) = 0;
 };
+
+/// Marks `storage` (on a CUDA device) as used on `stream`, so that the
+/// caching allocator reuses its memory only once the work queued there so far
+/// is done (recordStream), outside other threads' allocator windows (step 4
+/// of the Note). CUDA builds only.
+void record_stream_use(const c10::Storage& storage, const c10::Stream& stream);
 
 /// One prefire on `device`'s prefire stream, for the lifetime of the object.
 /// A no-op for std::nullopt, a CPU device, or a build without CUDA.

@@ -4,18 +4,13 @@
 
 namespace prefire::detail {
 
-void Copy::wait() const {
+void WorkerCopy::wait() const {
   std::unique_lock<std::mutex> lock(mu_);
   finished_.wait(lock, [&] { return done_; });
   if (error_) std::rethrow_exception(error_);
 }
 
-bool Copy::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
-
-void Copy::finish(std::exception_ptr error) noexcept {
+void WorkerCopy::finish(std::exception_ptr error) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
@@ -36,7 +31,7 @@ CopyWorker::~CopyWorker() {
 }
 
 std::shared_ptr<Copy> CopyWorker::enqueue(std::function<void()> work) {
-  auto copy = std::make_shared<Copy>();
+  auto copy = std::make_shared<WorkerCopy>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.emplace_back(std::move(work), copy);
@@ -46,7 +41,7 @@ std::shared_ptr<Copy> CopyWorker::enqueue(std::function<void()> work) {
 }
 
 std::shared_ptr<Copy> CopyWorker::run_here(const std::function<void()>& work) {
-  auto copy = std::make_shared<Copy>();
+  auto copy = std::make_shared<WorkerCopy>();
   std::exception_ptr error;
   try {
     work();
@@ -59,7 +54,7 @@ std::shared_ptr<Copy> CopyWorker::run_here(const std::function<void()>& work) {
 
 void CopyWorker::run() {
   for (;;) {
-    std::pair<std::function<void()>, std::shared_ptr<Copy>> next;
+    std::pair<std::function<void()>, std::shared_ptr<WorkerCopy>> next;
     {
       std::unique_lock<std::mutex> lock(mu_);
       queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });

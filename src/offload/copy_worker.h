@@ -14,12 +14,19 @@
 
 namespace prefire::detail {
 
-/// One queued copy.
+/// One queued copy, on whatever runs a tier's copies (a worker thread, a
+/// CUDA stream); a tier's copies are all of one kind.
 class Copy {
  public:
+  virtual ~Copy() = default;
   /// Blocks until the copy ran; rethrows what it raised.
-  void wait() const;
-  bool done() const;
+  virtual void wait() const = 0;
+};
+
+/// A copy on a CopyWorker.
+class WorkerCopy final : public Copy {
+ public:
+  void wait() const override;
 
  private:
   friend class CopyWorker;
@@ -52,7 +59,7 @@ class CopyWorker {
 
   std::mutex mu_;
   std::condition_variable queued_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<Copy>>> queue_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<WorkerCopy>>> queue_;
   bool stopping_ = false;
   std::thread thread_;  // last: started once the fields above exist
 };

@@ -1,63 +1,98 @@
 #pragma once
 
-// What an OffloadTier is made of: the space it hands out, the bytes behind
-// it (a reserved, unlinked file for the host tier) and the worker that copies
-// into and out of it. Offloaded checkpoints (checkpoint/offloaded_slots.h)
-// use it; nothing here knows checkpoints.
+// What an OffloadTier is made of: the space it hands out and the copies into
+// and out of it, behind one interface with a store per kind of tier (the host
+// file tier's in offload/host_file_store.h, the pinned host tier's in
+// offload/pinned_host_store.h). Offloaded checkpoints
+// (checkpoint/offloaded_slots.h) and offloaded inputs use it; nothing here
+// knows checkpoints.
 
+#include "cuda/prefire_stream.h"
 #include "offload/copy_worker.h"
 #include "offload/space.h"
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/Storage.h>
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace prefire::detail {
 
+/// One saved storage's copy in a tier.
+struct StorageCopy {
+  std::shared_ptr<Region> region;  // null for 0 bytes
+  std::shared_ptr<Copy> written;   // the copy into the region
+  int64_t nbytes = 0;
+  c10::Device device{c10::kCPU};  // where the storage was, and where its copy comes back to
+};
+
 class TierStore {
  public:
-  /// Creates the file in `directory`, reserves `capacity` bytes and unlinks
-  /// it; raises CheckpointError naming the directory and the reason.
-  TierStore(const std::string& directory, int64_t capacity);
-  /// Runs the queued copies, then closes the file.
-  ~TierStore();
+  virtual ~TierStore() = default;
   TierStore(const TierStore&) = delete;
   TierStore& operator=(const TierStore&) = delete;
 
-  /// A region for `nbytes` (> 0). Raises CheckpointError, saying how full
-  /// the tier is and what asked (`what`), when no free run is long enough.
-  std::shared_ptr<Region> allocate(int64_t nbytes, const std::string& what);
-  /// Queues a copy of `storage`'s first region->nbytes bytes into `region`.
-  /// The copy holds both and releases the storage once it is written; a
-  /// storage that has a Python object is written on this thread instead.
-  std::shared_ptr<Copy> write(c10::Storage storage, std::shared_ptr<Region> region);
-  /// Queues a copy of `region` into `storage` (after every copy queued before
-  /// it); raises, on the worker, what `written` (the copy into `region`) raised.
-  std::shared_ptr<Copy> read_async(std::shared_ptr<Region> region, c10::Storage storage,
-                                   std::shared_ptr<Copy> written);
+  /// Why this tier cannot take `t`, or nullptr when it can.
+  const char* refuses(const at::Tensor& t) const;
+  /// Takes a region for `storage` (CheckpointError, saying how full the tier
+  /// is and what asked (`what`), when no free run is long enough) and queues
+  /// the copy into it. The copy holds the storage until it is written.
+  StorageCopy copy_in(const c10::Storage& storage, const std::string& what);
+  /// What read() gives back.
+  struct ReadBack {
+    std::vector<c10::Storage> storages;  // one per copy, in order
+    std::shared_ptr<ReadyEvent> ready;   // a queued read's: what an unpack hands each tensor over with
+    bool in_pool = false;                // the storages come from the session buffer pool
+  };
+  /// Reads each of `copies` back into a new storage on its device, after its
+  /// copy into the tier; raises what that copy raised. Not queued (a lazy
+  /// fetch): the storages are ready for this thread (on a device: for its
+  /// current stream) when this returns. Queued (a prefetch): returns at once.
+  virtual ReadBack read(const std::vector<const StorageCopy*>& copies, bool queued) = 0;
+  /// One copy read back, not queued.
+  c10::Storage read_now(const StorageCopy& copy);
   /// Waits for every copy queued so far.
-  void synchronize();
-  /// Copies `region` into `storage` on this thread.
-  void read_now(const Region& region, c10::Storage& storage);
+  virtual void synchronize() = 0;
+  /// Seconds one copy of `nbytes` into the tier and one back take, measured
+  /// now on a scratch region and storage.
+  double measure_copy_seconds(int64_t nbytes);
 
-  const Space& space() const { return space_; }
   Space& space() { return space_; }
+  const Space& space() const { return space_; }
   int64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
   int64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
-  const std::string& directory() const { return directory_; }
+
+ protected:
+  /// `where` names the tier in errors ("in \"/tmp\"", "of pinned host memory").
+  TierStore(int64_t capacity, std::string where) : where_(std::move(where)), space_(capacity) {}
+
+  /// Why this tier cannot take `t`'s device, or nullptr.
+  virtual const char* refuses_device(const at::Tensor& t) const = 0;
+  /// Queues a copy of `storage`'s first region->nbytes bytes into `region`.
+  virtual std::shared_ptr<Copy> write(c10::Storage storage, std::shared_ptr<Region> region) = 0;
+  /// Gives back to the space the regions whose copies are done; with `wait`,
+  /// after waiting for them. A tier whose freed regions stay in use until
+  /// their copies finish (a stream's) overrides it; allocate() calls it.
+  virtual void reclaim(bool wait) { (void)wait; }
+  /// A zeroed storage of `nbytes` on the tier's scratch device, to measure with.
+  virtual c10::Storage scratch_storage(int64_t nbytes) = 0;
+
+  void count_written(int64_t n) { bytes_written_.fetch_add(n, std::memory_order_relaxed); }
+  void count_read(int64_t n) { bytes_read_.fetch_add(n, std::memory_order_relaxed); }
+  const std::string& where() const { return where_; }
 
  private:
-  void write_now(const c10::Storage& storage, const Region& region);
+  std::shared_ptr<Region> allocate(int64_t nbytes, const std::string& what);
 
-  const std::string directory_;
-  int fd_ = -1;
+  const std::string where_;
   Space space_;
   std::atomic<int64_t> bytes_written_{0};
   std::atomic<int64_t> bytes_read_{0};
-  CopyWorker worker_;  // last: joined before the file closes
 };
 
 }  // namespace prefire::detail

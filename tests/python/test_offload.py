@@ -1,6 +1,7 @@
 """Offloaded checkpoints from Python (prefire.checkpoint(..., offload_to=tier),
-whole or offload_inputs_only, on the host file tier): gradients bit-equal to no checkpointing with dropout,
-the function run once; B and W sharing one prefetched copy in a session
+whole or offload_inputs_only, on the host file tier, and the pinned host tier
+on a GPU): gradients bit-equal to no checkpointing with dropout, the function
+run once; B and W sharing one prefetched copy in a session
 (torch's split backward); checkpoint_wrapper; transformers models through
 prefire.integrations.transformers; the saved bytes leave the CPU allocator
 (the instrument that sees every allocation) once their copies are written;
@@ -42,9 +43,9 @@ def blocks(n=3, seed=0):
     return torch.nn.ModuleList(Block() for _ in range(n))
 
 
-def grads(model, wrap, seed=1):
+def grads(model, wrap, seed=1, device="cpu"):
     torch.manual_seed(seed)
-    x = torch.randn(4, 8, 32, requires_grad=True)
+    x = torch.randn(4, 8, 32, device=device, requires_grad=True)
     torch.manual_seed(seed + 1)
     y = x
     for b in model:
@@ -80,11 +81,11 @@ def test_checkpoint_wrapper_takes_offload_to(tier):
     assert tier.bytes_written > 0
 
 
-def split(model, offload_to, prefetch):
+def split(model, offload_to, prefetch, device="cpu"):
     """torch.distributed.pipelining's split backward on the blocks: B for the
     input, then W, sharing session 71."""
     torch.manual_seed(3)
-    x = torch.randn(4, 8, 32, requires_grad=True)
+    x = torch.randn(4, 8, 32, device=device, requires_grad=True)
     torch.manual_seed(4)
     with prefire.collect() as handles:
         y = x
@@ -157,6 +158,33 @@ def test_a_tier_that_cannot_be_made_or_is_full_says_so(tmp_path):
         prefire.checkpoint(model[0], x, offload_to=small)
     small.synchronize()
     assert small.used_bytes == 0
+
+
+def test_the_pinned_host_tier_says_why_it_cannot_be_made_here():
+    with pytest.raises(ValueError, match="at least one page"):
+        prefire.OffloadTier.pinned_host(10)
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the tier can be made")
+    with pytest.raises(prefire.CheckpointError, match="no CUDA device|CUDA parts"):
+        prefire.OffloadTier.pinned_host(1 << 20)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_the_pinned_host_tier_gives_cuda_blocks_unchecked_gradients(prefetch):
+    tier = prefire.OffloadTier.pinned_host(TIER_BYTES)
+    model = blocks(seed=10).cuda()
+    expected = grads(model, lambda b, y: b(y), device="cuda")
+    assert all(torch.equal(g, e) for g, e in zip(
+        grads(model, lambda b, y: prefire.checkpoint(b, y, offload_to=tier), device="cuda"), expected))
+    expected = split(model, None, False, device="cuda")
+    before = prefire.runtime_stats()
+    assert all(torch.equal(g, e) for g, e in zip(split(model, tier, prefetch, device="cuda"), expected))
+    assert prefire.runtime_stats().offload_fetches - before.offload_fetches == 3
+    tier.synchronize()
+    assert tier.bytes_read == tier.bytes_written > 0
+    assert tier.used_bytes == 0
+    assert tier.measure_copy_seconds(1 << 20) > 0
 
 
 def test_offload_inside_torch_compile_is_refused(tier):
