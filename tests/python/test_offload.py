@@ -9,6 +9,7 @@ clear errors for a tier that cannot be made, a full tier and torch.compile.
 CPU, one intra-op thread (conftest.py)."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -355,11 +356,13 @@ def test_pipelining_offload_to_needs_a_memory_budget_and_a_tier(one_rank, tier):
         pipelining.enable(run.schedule, memory_budget=1 << 30, offload_to="/tmp")
 
 
-def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradients(no_children_left):
+def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradients(no_children_left,
+                                                                                   tmp_path_factory):
     """The pipeline program's plan-offload mode on 2 Gloo ranks (ZBV): at the
     least budget and at half of none's, every plan holds its budget and the
     gradients equal the single-process reference; at the least, a rank whose
-    budget only a plan with offload fits offloads."""
+    budget only a plan with offload fits offloads. The simulator's search and
+    its predictions of both plans on more ranks take the run's costs."""
     from prefire.pipeline_bench import run
     from prefire.pipeline_bench.config import RunConfig
     from prefire.pipeline_bench.model import ModelConfig
@@ -390,3 +393,26 @@ def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradi
     assert {"plan-offload 0%", "plan-offload 50%"} <= set(searched)
     slow = {row["name"]: row for row in search(summary, bandwidth=1e3)}
     assert not any(o == OFFLOAD for per_micro_batch in slow["plan-offload 50%"]["best"] for o in per_micro_batch)
+    # predictions on more ranks: both plans per rank within their budgets by the planner's count (or at their least
+    # where they cannot hold it, said so), never faster than no checkpointing in the replay; offloading never
+    # raises the least a plan holds; over the slow tier nothing is offloaded
+    from prefire.pipeline_bench.plan_predict import predict_plans
+    from prefire.pipeline_bench.simulate import main as simulate
+
+    for world in (2, 4):
+        rows = predict_plans(summary, world, [0.25, 0.5])
+        assert [(r["world"], r["fraction"], r["micro_batches"]) for r in rows] == [(world, 0.25, 2 * world),
+                                                                                   (world, 0.5, 2 * world)]
+        for r in rows:
+            for kind in ("offload", "recompute"):
+                plan = r[kind]
+                assert len(plan["budgets"]) == world and plan["items"] > 0, (kind, r)
+                if plan["fits"]:
+                    assert all(h <= b for h, b in zip(plan["peak_bytes"], plan["budgets"])), (kind, r)
+                assert plan["step_s"] >= r["none_s"] * (1 - 1e-9), (kind, r)
+            assert r["offload"]["fits"] or not r["recompute"]["fits"], r
+            assert r["recompute"]["offloaded_items"] == 0
+    assert all(r["offload"]["offloaded_items"] == 0 for r in predict_plans(summary, 4, [0.5], bandwidth=1e3))
+    path = tmp_path_factory.mktemp("predict") / "sweep.json"
+    path.write_text(json.dumps(summary))
+    assert simulate(["predict-plans", str(path), "--ranks", "4", "--fractions", "0.5"]) == 0

@@ -62,6 +62,15 @@ def scaled_costs(costs: Costs, measured_stages: int, schedule: str, world: int) 
                  {s: per_checkpoints * group for s in range(n_stages)}, costs.latency, costs.overhead, costs.tail)
 
 
+def measured_stage(stage: int, stages: int, measured_stages: int) -> int:
+    """The measured stage that ``stage`` of ``stages`` takes its durations
+    from: the first and the last from theirs, a middle one from the measured
+    middle ones in turn."""
+    if stage in (0, stages - 1):
+        return 0 if stage == 0 else measured_stages - 1
+    return 1 + (stage - 1) % (measured_stages - 2)
+
+
 def scaled_steps(summary: Dict[str, Any], mode: str, schedule: str, world: int) -> List[Dict[Action, float]]:
     """Per measured step of ``mode``, the durations of ``schedule``'s
     actions on ``world`` ranks taken from that step (Note [What the
@@ -74,18 +83,13 @@ def scaled_steps(summary: Dict[str, Any], mode: str, schedule: str, world: int) 
     group = 2 if schedule == "1f1b" else 1
     fine_stages = SCHEDULES[schedule][1] * world * group
 
-    def measured_stage(fine: int) -> int:
-        if fine in (0, fine_stages - 1):
-            return 0 if fine == 0 else measured_stages - 1
-        return 1 + (fine - 1) % (measured_stages - 2)
-
     out = []
     steps = min(len(_steps(rank)) for rank in summary["timelines"][mode])
     for k in range(steps):
         took, _ = _step_durations(summary, mode, k)
         instance: Dict[Action, float] = {}
         for stage in range(fine_stages // group):
-            parts = [measured_stage(stage * group + g) for g in range(group)]
+            parts = [measured_stage(stage * group + g, fine_stages, measured_stages) for g in range(group)]
             for kind in KINDS:
                 for mb in range(2 * world):
                     got = [took.get((kind, part, mb % measured_mbs)) for part in parts]

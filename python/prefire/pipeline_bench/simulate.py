@@ -7,10 +7,14 @@ would measure on more ranks than this machine can time.
     python -m prefire.pipeline_bench.simulate place zbv.json --ranks 2,4,8,16
     python -m prefire.pipeline_bench.sweep --json sweep.json
     python -m prefire.pipeline_bench.simulate search sweep.json
+    python -m prefire.pipeline_bench.sweep --offload --json sweep.json
+    python -m prefire.pipeline_bench.simulate predict-plans sweep.json --ranks 4,8,16
 
 The replay: replay.py (Note [What the simulator replays]); costs from a
 run and ``validate``: measured.py; ``predict``: predict.py; ``place``
-(where recomputation can run): placement.py; ``search``: plan_search.py.
+(where recomputation can run): placement.py; ``search``: plan_search.py;
+``predict-plans`` (memory plans with and without offloading on more ranks):
+plan_predict.py.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from .measured import _placement, validate
 from .placement import compare, placement_file
+from .plan_predict import predict_plans
 from .plan_search import search
 from .predict import predict
 
@@ -64,8 +69,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     se.add_argument("--bandwidth", type=float, default=0.0, metavar="GB/S",
                     help="plan-offload runs: an assumed offload tier moving this many GB per second each way (0: "
                          "the copies as the run's tier measured them)")
+    pp = sub.add_parser("predict-plans", help="a sweep's plans with and without offloading on more ranks, at "
+                                              "fractions of what keeping every block holds (sweep --offload)")
+    pp.add_argument("runs", nargs="+", metavar="SWEEP.json")
+    pp.add_argument("--ranks", default="4,8,16")
+    pp.add_argument("--fractions", default="0.25,0.5,0.75")
+    pp.add_argument("--bandwidth", type=float, default=0.0, metavar="GB/S",
+                    help="an assumed offload tier moving this many GB per second each way (0: the copies as the "
+                         "run's tier measured them)")
+    pp.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     a = p.parse_args(argv)
     summaries = [_read(path) for path in a.runs]
+    if a.command == "predict-plans":
+        return _predict_plans(summaries, a)
     if a.command == "search":
         print(f"{'schedule':14} {'run':9} {'plans':>5} {'best ms':>8} {'prefire ms':>10} {'prefire/best':>12} "
               f"{'measured ms':>11}  best plan (k: kept, c: checkpointed, s: selectively, o: offloaded) / prefire's")
@@ -118,6 +134,27 @@ def main(argv: Optional[List[str]] = None) -> int:
             json.dump(predictions, f, indent=1)
     if a.plot:
         plot(predictions, a.plot)
+    return 0
+
+
+def _predict_plans(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
+    rows = [row for summary in summaries for world in (int(r) for r in a.ranks.split(",") if r)
+            for row in predict_plans(summary, world, [float(f) for f in a.fractions.split(",") if f],
+                                     a.bandwidth * 1e9)]
+    print("PREDICTED (simulated from a 2-rank sweep; weak scaling, micro-batches = 2 x ranks; budgets: a share of what "
+          "keeping every block holds, by the planner's count; *: the plan cannot hold it, planned at its least)")
+    print(f"{'schedule':10} {'ranks':>5} {'budget':>6} {'none ms':>8} {'recompute ms':>13} {'offload ms':>11} "
+          f"{'offload/recompute':>17} {'offloaded':>11} {'tier GB/s':>14}")
+    for row in rows:
+        def ms(kind: str) -> str:
+            return f"{row[kind]['step_s'] * 1e3:.1f}{'' if row[kind]['fits'] else '*'}"
+        tier = f"{row['bandwidth'] / 1e9:.2f} {'assumed' if row['bandwidth_assumed'] else 'measured'}"
+        print(f"{row['schedule']:10} {row['world']:5d} {row['fraction']:6.0%} {row['none_s'] * 1e3:8.1f} "
+              f"{ms('recompute'):>13} {ms('offload'):>11} {row['offload_over_recompute']:17.3f} "
+              f"{row['offload']['offloaded_items']:5d}/{row['offload']['items']:<5d} {tier:>14}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 

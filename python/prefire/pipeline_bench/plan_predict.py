@@ -1,0 +1,143 @@
+"""The simulator's predictions of memory plans on more ranks
+(``predict-plans``; Note [Predicting plans on more ranks])."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .. import _C
+from .._hook_points import planner_actions
+from .._pipeline_costs import CHECKPOINT, KEEP, OFFLOAD, SELECTIVE, lifetime
+from .config import SCHEDULES
+from .measured import _placement, measured_costs
+from .plan_search import _with_plan, with_bandwidth
+from .predict import measured_stage, scaled_costs
+from .replay import overlaps, rank_orders, replay
+
+
+# Note [Predicting plans on more ranks]
+# A memory sweep's plan-offload run (python -m prefire.pipeline_bench.sweep
+# --offload) recorded each rank's block costs (Note [A pipeline rank's memory
+# plan]). ``predict-plans`` takes them to W ranks, weak scaling as ``predict``
+# does (micro-batches 2W; Note [What the simulator replays]): each stage's
+# blocks cost what the measured stage in its position did (first, last, the
+# middle ones in turn: ``measured_stage``), with their lifetimes over the
+# W-rank schedule's actions of the rank that runs them (the planner's own
+# ``_C.lifetime``). Each rank's budget is a fraction of what keeping every
+# block holds there by the planner's count; at it the C++ planner chooses per
+# block and micro-batch as a pipeline rank does, twice: with offloading and
+# without it (recompute-only); where a plan cannot hold the budget (less than
+# the least it holds), it is planned at its least, as the pipeline program's
+# sweep does, and the row says it does not fit. Both plans, and no checkpointing, are replayed
+# on the W-rank timeline with scaled costs (``_with_plan``: none's durations
+# plus session's extra in the share of recomputation a plan's blocks
+# recompute; an offloaded block's share is its copies' exposed seconds). The
+# copies take what the run's tier measured or, with a bandwidth, moved bytes /
+# bandwidth each way; the rows say which. Both plans are the planner's choices:
+# the ratio is prefire's plan with offloading against prefire's plan without
+# it, not against an exhaustive best (``search`` does that on the run's own
+# ranks).
+
+
+def _plan_costs(summary: Dict[str, Any]) -> Tuple[str, Dict[int, List[Dict[str, Any]]]]:
+    """The first plan-offload run's name and its block costs by measured stage (fields by name)."""
+    for name, mode in summary["modes"].items():
+        if name.split(" ")[0] == "plan-offload":
+            by_stage: Dict[int, List[Dict[str, Any]]] = {}
+            for rank in mode["ranks"]:
+                for fields in rank["plan_costs"]:
+                    by_stage.setdefault(fields["group"], []).append(dict(fields))
+            return name, by_stage
+    raise ValueError("prefire.pipeline_bench.simulate: predict-plans needs a sweep with a plan-offload run "
+                     "(python -m prefire.pipeline_bench.sweep --offload)")
+
+
+def _choices(plan: Any, stages: Sequence[int], blocks: Dict[int, int], micro_batches: int) -> List[List[Any]]:
+    """A per-micro-batch plan's choices: per micro-batch, a choice per block of ``stages`` in order (the items
+    run stage by stage, then micro-batch, then block, as ``_C.per_micro_batch`` makes them)."""
+    out: List[List[Any]] = [[] for _ in range(micro_batches)]
+    at = 0
+    for stage in stages:
+        n = blocks[stage]
+        for m in range(micro_batches):
+            for i in range(at + m * n, at + (m + 1) * n):
+                out[m].append(OFFLOAD if plan.offloaded[i] else SELECTIVE if plan.selective[i]
+                              else CHECKPOINT if plan.checkpointed[i] else KEEP)
+        at += n * micro_batches
+    return out
+
+
+def _bandwidth_of(costs: Sequence[Any]) -> float:
+    """Bytes per second each way of the copies ``costs`` were measured with."""
+    return statistics.median(2 * c.offload_moved_bytes / c.offload_seconds for c in costs
+                             if c.offload_bytes >= 0 and c.offload_seconds > 0)
+
+
+def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float],
+                  bandwidth: float = 0.0) -> List[Dict[str, Any]]:
+    """Per budget fraction, on ``world`` ranks: the step of no checkpointing,
+    of prefire's recompute-only plan and of its plan with offloading,
+    replayed, each plan at its rank's budget or, where it cannot hold that
+    (``fits`` false), at the least it holds (Note [Predicting plans on more
+    ranks]); ``bandwidth``: bytes per second each way of an assumed tier (0:
+    as the run's tier measured)."""
+    cfg = summary["config"]
+    schedule = cfg["schedule"]
+    run, measured = _plan_costs(summary)
+    measured_stages = SCHEDULES[schedule][1] * cfg["world"]
+    n_stages, micro_batches = SCHEDULES[schedule][1] * world, 2 * world
+    orders, groups = rank_orders(schedule, world, micro_batches), overlaps(schedule, world, micro_batches)
+    placement = _placement(schedule, world)
+    costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
+    release = _C.Release.AT_STEP_END
+
+    ranks = []  # per rank: its stages, its block costs with and without offloading, their per-micro-batch items
+    for rank in range(world):
+        stages = sorted(s for s in range(n_stages) if placement(s) == rank)
+        actions = planner_actions(orders[rank])
+        blocks: List[Any] = []
+        for stage in stages:
+            life = lifetime(orders[rank], stage)
+            alive = list(life.alive)
+            for fields in measured[measured_stage(stage, n_stages, measured_stages)]:
+                blocks.append(_C.BlockCost.from_dict(dict(
+                    fields, group=stage, alive=alive, done=list(life.done), passes=list(life.passes),
+                    in_flight=max(alive, default=micro_batches) or 1)))
+        if bandwidth > 0:
+            blocks = with_bandwidth(blocks, bandwidth)
+        recompute_only = [_C.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in blocks]
+        ranks.append((stages, {s: sum(b.group == s for b in blocks) for s in stages}, blocks,
+                      _C.per_micro_batch(blocks, actions, micro_batches),
+                      _C.per_micro_batch(recompute_only, actions, micro_batches)))
+    all_blocks = [b for _, _, blocks, _, _ in ranks for b in blocks]
+
+    def step(options: Optional[List[List[Any]]]) -> float:
+        if options is None:
+            return replay(orders, placement, n_stages, costs, "none", groups).step_s
+        return replay(orders, placement, n_stages, _with_plan(costs, all_blocks, options), "plan", groups).step_s
+
+    none_s = step(None)
+    rows = []
+    for fraction in fractions:
+        row: Dict[str, Any] = {"schedule": schedule, "world": world, "micro_batches": micro_batches,
+                               "fraction": fraction, "costs_from": run, "none_s": none_s,
+                               "bandwidth": bandwidth or _bandwidth_of(all_blocks), "bandwidth_assumed": bandwidth > 0}
+        for kind in ("offload", "recompute"):
+            per_rank, budgets, held, fits, offloaded = [], [], [], True, 0
+            for stages, counts, _, with_offload, without in ranks:
+                items = with_offload if kind == "offload" else without
+                budget = int(fraction * _C.plan_bytes(items, [False] * len(items), 0, release))
+                least = _C.least_plan_bytes(items, release)
+                fits = fits and budget >= least
+                plan = _C.plan_for_budget(items, max(budget, least), release)
+                budgets.append(budget)
+                held.append(plan.peak_bytes)
+                offloaded += sum(plan.offloaded)
+                per_rank.append(_choices(plan, stages, counts, micro_batches))
+            options = [[o for rank_choices in per_rank for o in rank_choices[m]] for m in range(micro_batches)]
+            row[kind] = {"step_s": step(options), "fits": fits, "budgets": budgets, "peak_bytes": held,
+                         "offloaded_items": offloaded, "items": sum(len(rank[3]) for rank in ranks)}
+        row["offload_over_recompute"] = row["offload"]["step_s"] / row["recompute"]["step_s"]
+        rows.append(row)
+    return rows
