@@ -70,6 +70,8 @@ def main():
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.exit(2, "python_offload_gpu.py: no CUDA device here; this benchmark measures the pinned host tier\n")
     torch.manual_seed(0)
     model = torch.nn.ModuleList(Block(args.dim, args.heads) for _ in range(args.blocks)).cuda().to(torch.bfloat16)
     x = torch.randn(args.batch, args.seq, args.dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)

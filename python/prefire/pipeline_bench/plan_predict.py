@@ -11,7 +11,7 @@ from .._hook_points import planner_actions
 from .._pipeline_costs import CHECKPOINT, KEEP, OFFLOAD, SELECTIVE, lifetime
 from .config import SCHEDULES
 from .measured import _placement, measured_costs
-from .plan_search import _with_plan, with_bandwidth
+from .plan_search import Bandwidth, _with_plan, directions, with_bandwidth
 from .predict import measured_stage, scaled_costs
 from .replay import overlaps, rank_orders, replay
 
@@ -33,8 +33,8 @@ from .replay import overlaps, rank_orders, replay
 # on the W-rank timeline with scaled costs (``_with_plan``: none's durations
 # plus session's extra in the share of recomputation a plan's blocks
 # recompute; an offloaded block's share is its copies' exposed seconds). The
-# copies take what the run's tier measured or, with a bandwidth, moved bytes /
-# bandwidth each way; the rows say which. Both plans are the planner's choices:
+# copies take what the run's tier measured or, with a bandwidth per direction,
+# moved bytes / bandwidth to the tier plus back; the rows say which. Both plans are the planner's choices:
 # the ratio is prefire's plan with offloading against prefire's plan without
 # it, not against an exhaustive best (``search`` does that on the run's own
 # ranks).
@@ -68,19 +68,21 @@ def _choices(plan: Any, stages: Sequence[int], blocks: Dict[int, int], micro_bat
     return out
 
 
-def _bandwidth_of(costs: Sequence[Any]) -> float:
-    """Bytes per second each way of the copies ``costs`` were measured with."""
-    return statistics.median(2 * c.offload_moved_bytes / c.offload_seconds for c in costs
-                             if c.offload_bytes >= 0 and c.offload_seconds > 0)
+def _bandwidth_of(costs: Sequence[Any]) -> Tuple[float, float]:
+    """Bytes per second of the copies ``costs`` were measured with (a copy to the tier and one back, timed
+    together: the same both ways)."""
+    each_way = statistics.median(2 * c.offload_moved_bytes / c.offload_seconds for c in costs
+                                 if c.offload_bytes >= 0 and c.offload_seconds > 0)
+    return each_way, each_way
 
 
 def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float],
-                  bandwidth: float = 0.0) -> List[Dict[str, Any]]:
+                  bandwidth: Bandwidth = 0.0) -> List[Dict[str, Any]]:
     """Per budget fraction, on ``world`` ranks: the step of no checkpointing,
     of prefire's recompute-only plan and of its plan with offloading,
     replayed, each plan at its rank's budget or, where it cannot hold that
     (``fits`` false), at the least it holds (Note [Predicting plans on more
-    ranks]); ``bandwidth``: bytes per second each way of an assumed tier (0:
+    ranks]); ``bandwidth``: bytes per second to an assumed tier and back (0:
     as the run's tier measured)."""
     cfg = summary["config"]
     schedule = cfg["schedule"]
@@ -91,6 +93,7 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
     placement = _placement(schedule, world)
     costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
     release = _C.Release.AT_STEP_END
+    assumed = min(directions(bandwidth)) > 0
 
     ranks = []  # per rank: its stages, its block costs with and without offloading, their per-micro-batch items
     for rank in range(world):
@@ -104,7 +107,7 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
                 blocks.append(_C.BlockCost.from_dict(dict(
                     fields, group=stage, alive=alive, done=list(life.done), passes=list(life.passes),
                     in_flight=max(alive, default=micro_batches) or 1)))
-        if bandwidth > 0:
+        if assumed:
             blocks = with_bandwidth(blocks, bandwidth)
         recompute_only = [_C.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in blocks]
         ranks.append((stages, {s: sum(b.group == s for b in blocks) for s in stages}, blocks,
@@ -122,7 +125,8 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
     for fraction in fractions:
         row: Dict[str, Any] = {"schedule": schedule, "world": world, "micro_batches": micro_batches,
                                "fraction": fraction, "costs_from": run, "none_s": none_s,
-                               "bandwidth": bandwidth or _bandwidth_of(all_blocks), "bandwidth_assumed": bandwidth > 0}
+                               "bandwidth": directions(bandwidth) if assumed else _bandwidth_of(all_blocks),
+                               "bandwidth_assumed": assumed}
         for kind in ("offload", "recompute"):
             per_rank, budgets, held, fits, offloaded = [], [], [], True, 0
             for stages, counts, _, with_offload, without in ranks:

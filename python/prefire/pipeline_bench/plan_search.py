@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple, Union
 
 from .. import _C
 from .._hook_points import Action
@@ -32,7 +32,7 @@ from .measured import _placement, measured_costs
 # [Offloaded blocks in a plan]); the rest of the replay is as in Note [What
 # the simulator replays]. Offloaded blocks (a sweep's plan-offload runs) are
 # tried too; their copies take what the tier measured on the run's machine,
-# or, with --bandwidth, moved bytes / bandwidth each way (an assumed tier:
+# or, with --bandwidth, moved bytes / bandwidth to the tier plus back (an assumed tier:
 # pinned host memory over PCIe, say), the hidden part as measured runs count it. Both sides of the ratio are replays:
 # it measures the planner's choice (least recomputation, bytes by its
 # count), not the replay's fidelity (``validate`` does that).
@@ -63,14 +63,24 @@ def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[List[Any]]]:
     return costs, chosen
 
 
-def with_bandwidth(costs: List[Any], bandwidth: float) -> List[Any]:
-    """``costs`` with each offloadable block's copies at ``bandwidth`` bytes
-    per second each way (its moved bytes out and back)."""
+#: bytes per second to an offload tier and back; one number: the same both ways
+Bandwidth = Union[float, Tuple[float, float]]
+
+
+def directions(bandwidth: Bandwidth) -> Tuple[float, float]:
+    """``bandwidth`` as (to the tier, back)."""
+    return (bandwidth, bandwidth) if isinstance(bandwidth, (int, float)) else (bandwidth[0], bandwidth[1])
+
+
+def with_bandwidth(costs: List[Any], bandwidth: Bandwidth) -> List[Any]:
+    """``costs`` with each offloadable block's copies at ``bandwidth`` (its
+    moved bytes to the tier and back)."""
+    out_bw, back_bw = directions(bandwidth)
     out = []
     for cost in costs:
         fields = cost.to_dict()
         if fields["offload_bytes"] >= 0:
-            fields["offload_seconds"] = 2 * fields["offload_moved_bytes"] / bandwidth
+            fields["offload_seconds"] = fields["offload_moved_bytes"] / out_bw + fields["offload_moved_bytes"] / back_bw
         out.append(_C.BlockCost.from_dict(fields))
     return out
 
@@ -100,11 +110,11 @@ def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[A
                  costs.overhead, costs.tail, instance=instance)
 
 
-def search(summary: Dict[str, Any], bandwidth: float = 0.0) -> List[Dict[str, Any]]:
+def search(summary: Dict[str, Any], bandwidth: Bandwidth = 0.0) -> List[Dict[str, Any]]:
     """Per plan run of a memory sweep: the fastest replayed per-block plan
     within every rank's budget, and prefire's plan (per micro-batch)
     replayed (Note [Searching per-block plans]); ``bandwidth``: bytes per
-    second each way of an assumed offload tier (0: as measured)."""
+    second to an assumed offload tier and back (0: as measured)."""
     cfg = summary["config"]
     schedule, world, micro_batches = cfg["schedule"], cfg["world"], cfg["model"]["micro_batches"]
     costs = measured_costs(summary)
@@ -121,7 +131,7 @@ def search(summary: Dict[str, Any], bandwidth: float = 0.0) -> List[Dict[str, An
         if name.split(" ")[0] not in ("plan", "plan-selective", "plan-offload"):  # bubble prefires: not replayed
             continue
         plans = [_plan_of(r) for r in mode["ranks"]]
-        if bandwidth > 0:
+        if min(directions(bandwidth)) > 0:
             plans = [(with_bandwidth(blocks, bandwidth), chosen) for blocks, chosen in plans]
         budgets = [r["memory_budget"] for r in mode["ranks"]]
         fitting = []

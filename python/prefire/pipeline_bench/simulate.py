@@ -22,13 +22,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .measured import _placement, validate
 from .placement import compare, placement_file
 from .plan_predict import predict_plans
 from .plan_search import search
 from .predict import predict
+
+
+def _gb_per_s(text: str) -> Union[float, Tuple[float, float]]:
+    """GB/S or GB/S,GB/S (to the tier, back) as bytes per second."""
+    parts = [float(p) * 1e9 for p in text.split(",")]
+    if len(parts) > 2 or min(parts) < 0:
+        raise argparse.ArgumentTypeError(f"a bandwidth is GB/S or GB/S,GB/S (to the tier, back), >= 0: {text!r}")
+    return parts[0] if len(parts) == 1 else (parts[0], parts[1])
 
 
 def _read(path: str) -> Dict[str, Any]:
@@ -66,17 +74,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     se = sub.add_parser("search", help="a memory sweep's plans against the fastest per-block plan within each "
                                        "budget (python -m prefire.pipeline_bench.sweep --json)")
     se.add_argument("runs", nargs="+", metavar="SWEEP.json")
-    se.add_argument("--bandwidth", type=float, default=0.0, metavar="GB/S",
-                    help="plan-offload runs: an assumed offload tier moving this many GB per second each way (0: "
-                         "the copies as the run's tier measured them)")
+    se.add_argument("--bandwidth", type=_gb_per_s, default=0.0, metavar="GB/S[,GB/S]",
+                    help="plan-offload runs: an assumed offload tier moving this many GB per second to it and back "
+                         "(one number: both ways; 0: the copies as the run's tier measured them)")
     pp = sub.add_parser("predict-plans", help="a sweep's plans with and without offloading on more ranks, at "
                                               "fractions of what keeping every block holds (sweep --offload)")
     pp.add_argument("runs", nargs="+", metavar="SWEEP.json")
     pp.add_argument("--ranks", default="4,8,16")
     pp.add_argument("--fractions", default="0.25,0.5,0.75")
-    pp.add_argument("--bandwidth", type=float, default=0.0, metavar="GB/S",
-                    help="an assumed offload tier moving this many GB per second each way (0: the copies as the "
-                         "run's tier measured them)")
+    pp.add_argument("--bandwidth", type=_gb_per_s, default=0.0, metavar="GB/S[,GB/S]",
+                    help="an assumed offload tier moving this many GB per second to it and back (one number: both "
+                         "ways; 0: the copies as the run's tier measured them)")
     pp.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     a = p.parse_args(argv)
     summaries = [_read(path) for path in a.runs]
@@ -86,7 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{'schedule':14} {'run':9} {'plans':>5} {'best ms':>8} {'prefire ms':>10} {'prefire/best':>12} "
               f"{'measured ms':>11}  best plan (k: kept, c: checkpointed, s: selectively, o: offloaded) / prefire's")
         for summary in summaries:
-            for row in search(summary, a.bandwidth * 1e9):
+            for row in search(summary, a.bandwidth):
                 def letters(plan):  # per micro-batch, split by / where they differ
                     per_micro_batch = ["".join("kcso"[int(o)] for o in options) for options in plan]
                     return per_micro_batch[0] if len(set(per_micro_batch)) == 1 else "/".join(per_micro_batch)
@@ -140,18 +148,20 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _predict_plans(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
     rows = [row for summary in summaries for world in (int(r) for r in a.ranks.split(",") if r)
             for row in predict_plans(summary, world, [float(f) for f in a.fractions.split(",") if f],
-                                     a.bandwidth * 1e9)]
+                                     a.bandwidth)]
     print("PREDICTED (simulated from a 2-rank sweep; weak scaling, micro-batches = 2 x ranks; budgets: a share of what "
           "keeping every block holds, by the planner's count; *: the plan cannot hold it, planned at its least)")
     print(f"{'schedule':10} {'ranks':>5} {'budget':>6} {'none ms':>8} {'recompute ms':>13} {'offload ms':>11} "
-          f"{'offload/recompute':>17} {'offloaded':>11} {'tier GB/s':>14}")
+          f"{'offload/recompute':>17} {'offloaded':>11} {'tier GB/s (to/back)':>20}")
     for row in rows:
         def ms(kind: str) -> str:
             return f"{row[kind]['step_s'] * 1e3:.1f}{'' if row[kind]['fits'] else '*'}"
-        tier = f"{row['bandwidth'] / 1e9:.2f} {'assumed' if row['bandwidth_assumed'] else 'measured'}"
+        out_bw, back_bw = row["bandwidth"]
+        tier = (f"{out_bw / 1e9:.2f}" + ("" if out_bw == back_bw else f"/{back_bw / 1e9:.2f}")
+                + f" {'assumed' if row['bandwidth_assumed'] else 'measured'}")
         print(f"{row['schedule']:10} {row['world']:5d} {row['fraction']:6.0%} {row['none_s'] * 1e3:8.1f} "
               f"{ms('recompute'):>13} {ms('offload'):>11} {row['offload_over_recompute']:17.3f} "
-              f"{row['offload']['offloaded_items']:5d}/{row['offload']['items']:<5d} {tier:>14}")
+              f"{row['offload']['offloaded_items']:5d}/{row['offload']['items']:<5d} {tier:>20}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
