@@ -221,6 +221,38 @@ TEST(CudaOffload, AFullTierFailsTheForwardAndAHostTensorIsRefused) {
   EXPECT_THAT(message_of([&] { checkpoint(block.fn(), {x}, offload_to(file)); }), HasSubstr("not on the CPU"));
 }
 
+TEST(CudaOffload, NestedInAPrefiredRecomputationWithThePoolEqualsUnchecked) {
+  PREFIRE_REQUIRE_GPU();
+  at::manual_seed(10);
+  Block a(kDim, 0.1), c(kDim, 0.1);
+  a.to(kCuda);
+  c.to(kCuda);
+  auto x = at::randn({4, 32, kDim}, kCuda).requires_grad_(true);
+  const TensorList wrt = concat({x}, concat(a.params(), c.params()));
+  auto gy = at::randn({4, 32, kDim}, kCuda);
+  at::manual_seed(11);
+  const TensorList expected = torch::autograd::grad({c.forward(a.forward(x))}, wrt, {gy});
+  auto t = OffloadTier::pinned_host(kTierBytes);
+  // The outer checkpoint's prefire runs the inner offloaded one's forward again, inside the pool's window:
+  // the copies queued there must not let their storages be reused early.
+  CheckpointFn both = [&](const TensorList& in) {
+    return TensorList{c.forward(checkpoint(a.fn(), in, offload_to(t))[0])};
+  };
+  PoolSetting pool(true);
+  at::manual_seed(11);
+  HandleCollector collect;
+  at::Tensor y = checkpoint(both, {x})[0];
+  ASSERT_EQ(collect.handles().size(), 1u);
+  ASSERT_EQ(prefire(collect.handles()[0], 703), PrefireStatus::kRecomputed);
+  TensorList got;
+  {
+    SessionScope scope(703);
+    got = torch::autograd::grad({y}, wrt, {gy});
+  }
+  clear_session(703);
+  expect_all_close(got, expected);
+}
+
 TEST(CudaOffload, MeasuredCopySecondsArePositive) {
   PREFIRE_REQUIRE_GPU();
   auto t = OffloadTier::pinned_host(kTierBytes);

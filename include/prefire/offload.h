@@ -66,8 +66,10 @@ class OffloadTier {
 
   /// Seconds one copy of `nbytes` into the tier and one back take, measured
   /// now on a scratch region (the pinned host tier: from and to the current
-  /// CUDA device): what a planner charges an offloaded block, Note [Offloaded
-  /// blocks in a plan] in src/plan/plan_bytes.cpp. Raises CheckpointError when
+  /// CUDA device), after one untimed pair (a region's first copy pays for
+  /// the file's pages, which the regions of later steps reuse): what a
+  /// planner charges an offloaded block, Note [Offloaded blocks in a plan]
+  /// in src/plan/plan_bytes.cpp. Raises CheckpointError when
   /// the tier has no free run of `nbytes`.
   double measure_copy_seconds(int64_t nbytes);
 

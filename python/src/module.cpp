@@ -321,7 +321,7 @@ PYBIND11_MODULE(_C, m) {
            "Blocks until every copy queued so far is done")
       .def("measure_copy_seconds", &OffloadTier::measure_copy_seconds, py::arg("nbytes"),
            py::call_guard<py::gil_scoped_release>(),
-           "Seconds one copy of nbytes into the tier and one back take, measured now");
+           "Seconds one copy of nbytes into the tier and one back take, measured now after an untimed pair");
 
   py::class_<CheckpointHandle>(m, "CheckpointHandle", "A checkpoint collected in forward, for prefire/attach.")
       .def_property_readonly("expired", &CheckpointHandle::expired);

@@ -128,6 +128,8 @@ class CudaReadyEvent final : public ReadyEvent {
 
 }  // namespace
 
+bool prefire_running_here(c10::DeviceIndex device) { return open_here(device) != nullptr; }
+
 void record_stream_use(const c10::Storage& storage, const c10::Stream& stream) {
   const c10::DeviceIndex index = storage.device().index();
   std::unique_lock<std::mutex> window;
@@ -216,6 +218,7 @@ std::shared_ptr<ReadyEvent> PrefireRun::finish() {
 #else  // !PREFIRE_WITH_CUDA
 
 void record_stream_use(const c10::Storage&, const c10::Stream&) {}
+bool prefire_running_here(c10::DeviceIndex) { return false; }
 struct PrefireRun::Impl {};
 PrefireRun::PrefireRun(std::optional<c10::Device>, const std::vector<at::Tensor>&) {}
 PrefireRun::~PrefireRun() = default;

@@ -78,6 +78,11 @@ class ReadyEvent {
 /// of the Note). CUDA builds only.
 void record_stream_use(const c10::Storage& storage, const c10::Stream& stream);
 
+/// Whether this thread runs a prefire on `device` now (inside its window,
+/// where a recordStream is not kept past the window's end). False in a build
+/// without CUDA.
+bool prefire_running_here(c10::DeviceIndex device);
+
 /// One prefire on `device`'s prefire stream, for the lifetime of the object.
 /// A no-op for std::nullopt, a CPU device, or a build without CUDA.
 class PrefireRun {

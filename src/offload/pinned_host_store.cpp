@@ -125,9 +125,13 @@ class PinnedHostStore final : public TierStore {
     C10_CUDA_CHECK(cudaMemcpyAsync(base_ + region->offset, storage.data(), static_cast<size_t>(region->nbytes),
                                    cudaMemcpyDeviceToHost, copier.stream()));
     auto written = std::make_shared<StreamCopy>(copier);
-    record_stream_use(storage, copier.unwrap());  // its memory is reused once the copy is done
     count_written(region->nbytes);
-    remember(written, std::move(region));
+    if (prefire_running_here(index)) {  // a use recorded in this thread's window would not outlive it
+      remember(written, std::move(region), std::move(storage));
+    } else {
+      record_stream_use(storage, copier.unwrap());  // its memory is reused once the copy is done
+      remember(written, std::move(region));
+    }
     return written;
   }
 
@@ -158,14 +162,15 @@ class PinnedHostStore final : public TierStore {
   }
 
  private:
-  struct Pending {  // a copy not known to be done, and the region it uses
+  struct Pending {  // a copy not known to be done, the region it uses, and the storage it reads, if held
     std::shared_ptr<StreamCopy> copy;
     std::shared_ptr<Region> region;
+    c10::Storage storage;
   };
 
-  void remember(std::shared_ptr<StreamCopy> copy, std::shared_ptr<Region> region) {
+  void remember(std::shared_ptr<StreamCopy> copy, std::shared_ptr<Region> region, c10::Storage storage = {}) {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(Pending{std::move(copy), std::move(region)});
+    pending_.push_back(Pending{std::move(copy), std::move(region), std::move(storage)});
   }
 
   char* base_ = nullptr;

@@ -16,6 +16,10 @@
 // (the copy that a read waits on). The storage is then marked as used on the
 // copy stream (record_stream_use in cuda/prefire_stream.h) and let go: the
 // caching allocator reuses its memory once the copy is done, not before.
+// Inside a prefire on this thread (an offloaded checkpoint nested in a
+// prefired recomputation), where the allocator does not keep such a mark
+// past the prefire's window, the tier holds the storage instead until its
+// copy is seen done (see Regions).
 // Back (a fetch): the storage is allocated on the stream that reads, which
 // waits on the copy's event and then copies host to device. A lazy fetch reads
 // on the unpacking thread's current stream (backward's), so what follows on it
