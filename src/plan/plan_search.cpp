@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -45,7 +46,12 @@
 // last byte). The plans a user would write by hand -- none, all, every n-th
 // block -- and the plan least_plan_bytes() found (Note [The least plan])
 // are tried too, so the plan is never worse than one of those that fits,
-// and a budget of least_plan_bytes() has one. Then what the budget leaves goes to prefiring
+// and a budget of least_plan_bytes() has one. Offering a choice more never
+// makes the plan worse: where the search is not exhaustive, its heuristics
+// with four choices per block may miss a plan that the search over fewer
+// finds (exhaustively, there), so the plan for the same blocks without
+// offloading (and, in turn, without selective checkpoints) is a candidate too,
+// where it fits. Then what the budget leaves goes to prefiring
 // ahead. Cost: (distinct sizes) x blocks x kCapacityUnits, or blocks x
 // kCapacityUnits.
 
@@ -326,6 +332,18 @@ void every_plan(const std::vector<BlockCost>& blocks, const Consider& consider) 
   }
 }
 
+// `blocks` without choice `c` (kOffload or kSelective) offered; nullopt when none offers it.
+std::optional<std::vector<BlockCost>> without(std::vector<BlockCost> blocks, Choice c) {
+  bool offered = false;
+  for (BlockCost& b : blocks) {
+    int64_t& bytes = c == kOffload ? b.offload_bytes : b.selective_bytes;
+    offered = offered || bytes >= 0;
+    bytes = -1;
+  }
+  if (!offered) return std::nullopt;
+  return blocks;
+}
+
 std::vector<int64_t> distinct_sizes(const std::vector<BlockCost>& blocks) {
   std::vector<int64_t> sizes;
   for (const BlockCost& b : blocks) sizes.push_back(b.saved_bytes);
@@ -420,6 +438,17 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t memory_budget
     if (least_in_backward(blocks, memory_budget, &fits)) consider(fits);
   }
   if (release == Release::kAtStepEnd && !exhaustive(blocks, release)) consider(greedy(blocks, memory_budget, release));
+  if (!exhaustive(blocks, release)) {  // a choice more never makes the plan worse (Note [Choosing a plan])
+    for (Choice c : {kOffload, kSelective}) {
+      std::optional<std::vector<BlockCost>> fewer = without(blocks, c);
+      if (!fewer) continue;
+      Choices fewer_least;
+      if (least(*fewer, release, &fewer_least) <= memory_budget) {
+        consider(plan_for_budget(*fewer, memory_budget, release).choices);  // it tries the next one itself
+      }
+      break;
+    }
+  }
   // what is left goes to prefiring ahead
   const int64_t checkpoints = std::count_if(chosen.begin(), chosen.end(), [](Choice c) { return c != kKeep; });
   int64_t ahead = 0;
