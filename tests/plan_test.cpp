@@ -372,7 +372,8 @@ TEST(Plan, OfferingOffloadNeverMakesAPlanRecomputeMoreThanWithoutIt) {
       const int64_t least = prefire::least_plan_bytes(recompute_only, release);
       const int64_t most = prefire::plan_bytes(blocks, std::vector<bool>(blocks.size(), false), 0, release);
       for (double at : {0.0, 0.1, 0.3, 0.6, 1.0}) {
-        const int64_t budget = least + static_cast<int64_t>(at * static_cast<double>(std::max<int64_t>(0, most - least)));
+        const int64_t budget =
+            least + static_cast<int64_t>(at * static_cast<double>(std::max<int64_t>(0, most - least)));
         const prefire::Plan with = prefire::plan_for_budget(blocks, budget, release);
         const prefire::Plan without = prefire::plan_for_budget(recompute_only, budget, release);
         ASSERT_LE(with.peak_bytes, budget) << trial;

@@ -60,8 +60,8 @@ class OffloadTier {
   /// Blocks until every copy queued so far (into the tier or out of it) is
   /// done: then every offloaded storage the tier alone holds has been
   /// released (on a device: given back to the caching allocator, which
-  /// reuses it at its next allocation). Copy errors are not raised here but by the fetch that needs
-  /// the copy.
+  /// reuses it at its next allocation). Copy errors are not raised here but
+  /// by the fetch that needs the copy.
   void synchronize();
 
   /// Seconds one copy of `nbytes` into the tier and one back take, measured
@@ -69,8 +69,8 @@ class OffloadTier {
   /// CUDA device), after one untimed pair (a region's first copy pays for
   /// the file's pages, which the regions of later steps reuse): what a
   /// planner charges an offloaded block, Note [Offloaded blocks in a plan]
-  /// in src/plan/plan_bytes.cpp. Raises CheckpointError when
-  /// the tier has no free run of `nbytes`.
+  /// in src/plan/plan_bytes.cpp. Raises CheckpointError when the tier has no
+  /// free run of `nbytes`.
   double measure_copy_seconds(int64_t nbytes);
 
   /// The tier's internals (the offloaded checkpoints' side).

@@ -39,8 +39,9 @@ class OffloadedSlots {
   /// Fills `r` (reset to `count` slots) with the first `count` slots that
   /// autograd still holds: read back now (on a device: on the current
   /// stream), or, for a prefetch, queued (the host file tier's worker, the
-  /// prefire stream) with `r`'s ready event waiting for the reads. Raises CheckpointError when a slot's tensor was modified in place
-  /// since forward or its copy failed; nothing is stored then.
+  /// prefire stream) with `r`'s ready event waiting for the reads. Raises
+  /// CheckpointError when a slot's tensor was modified in place since
+  /// forward or its copy failed; nothing is stored then.
   void fetch(Recomputation& r, const SlotTable& slots, size_t count, bool prefetch);
   /// Autograd released `slot`: its storage's copy goes once no held slot uses it.
   void release(size_t slot) noexcept;
