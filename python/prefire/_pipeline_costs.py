@@ -12,12 +12,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _C
 from ._hook_points import Action, planner_actions
-from ._measuring import Measured
+from ._measuring import OFFLOAD_HIDDEN, Measured
 
 KEEP, CHECKPOINT, SELECTIVE, OFFLOAD = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE, _C.Choice.OFFLOAD
-#: What the compute beside an offloaded block's copies is taken to hide: the copy into the tier, which runs on the
-#: tier's worker during the rank's other work; not the fetch (Note [A pipeline rank's memory plan]).
-OFFLOAD_HIDDEN = 0.5
 
 
 @dataclass
@@ -49,7 +46,7 @@ def stage_costs(measured: StageMeasured, actions: List[Action], stage: int, micr
               SELECTIVE: [-1 if min(r.selective_bytes for _, r in runs) < 0
                           else max(r.selective_bytes for _, r in runs) for runs in measured.blocks]}
     offloadable = any(measured.copies)
-    if offloadable:  # offloaded, a block holds nothing on the device until its fetch (plain CPU tensors)
+    if offloadable:  # offloaded, a block holds nothing on the device until its fetch (its tier takes every storage)
         wholes[OFFLOAD] = [0] * len(measured.blocks)
     shares = {c: _share(measured.after[c], wholes[c]) for c in wholes}
     costs = []

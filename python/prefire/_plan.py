@@ -66,7 +66,7 @@ from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch
 
 from . import _C, _schedule
 from ._checkpoint import CheckpointWrapper, checkpoint
-from ._measuring import check_memory_budget, measure, signature, tensors
+from ._measuring import OFFLOAD_HIDDEN, check_memory_budget, measure, signature, tensors
 from ._selective import Policy, context_fn, mode_costs, policy
 
 BlockCost = _C.BlockCost
@@ -219,7 +219,8 @@ class MemoryPlanner:
         offload = {}
         if self._offload_to is not None:
             offload = dict(offload_bytes=0, offload_moved_bytes=saved_bytes,
-                           offload_seconds=self._offload_to.measure_copy_seconds(saved_bytes), offload_hidden=0.5)
+                           offload_seconds=self._offload_to.measure_copy_seconds(saved_bytes),
+                           offload_hidden=OFFLOAD_HIDDEN)
         measuring.costs[index] = BlockCost(saved_bytes=saved_bytes, input_bytes=measured.input_bytes,
                                            recompute_seconds=measured.seconds,
                                            selective_bytes=measured.selective_bytes,

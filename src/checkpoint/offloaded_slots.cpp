@@ -124,9 +124,7 @@ void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t coun
       }
     }
   }
-  std::vector<const StorageCopy*> reading;
-  for (const StorageCopy& copy : copies) reading.push_back(&copy);
-  TierStore::ReadBack back = tier_->store().read(reading, prefetch);
+  TierStore::ReadBack back = tier_->store().read(copies, prefetch);
   r.reset(count);
   if (back.in_pool) r.count_in_pool();
   for (size_t slot = 0; slot < count; ++slot) {

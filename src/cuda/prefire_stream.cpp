@@ -106,9 +106,18 @@ Device& ready_device(c10::DeviceIndex index) {
   return d;
 }
 
+// Marks `storage` as used on `stream` (step 4 of the Note), under `device`'s
+// window lock unless this thread has that window open.
+void record_use(const c10::Storage& storage, const c10::cuda::CUDAStream& stream, Device& device) {
+  std::unique_lock<std::mutex> window;
+  if (!open_here(storage.device().index())) window = std::unique_lock<std::mutex>(device.window_mu);
+  c10::cuda::CUDACachingAllocator::recordStream(storage.data_ptr(), stream);
+}
+
 class CudaReadyEvent final : public ReadyEvent {
  public:
-  CudaReadyEvent(const c10::cuda::CUDAStream& producer, std::shared_ptr<PoolLease> lease) : lease_(std::move(lease)) {
+  CudaReadyEvent(const c10::cuda::CUDAStream& producer, Device& device, std::shared_ptr<PoolLease> lease)
+      : device_(device), lease_(std::move(lease)) {
     event_.record(producer.unwrap());
   }
 
@@ -118,11 +127,12 @@ class CudaReadyEvent final : public ReadyEvent {
     const c10::DeviceIndex index = t.device().index();
     auto consumer = c10::cuda::getCurrentCUDAStream(index);
     event_.block(consumer.unwrap());
-    record_stream_use(t.storage(), consumer.unwrap());  // the prefire's tensors live on its stream's device
+    record_use(t.storage(), consumer, device_);  // the prefire's tensors live on its stream's device
   }
 
  private:
   c10::Event event_{c10::DeviceType::CUDA};
+  Device& device_;                     // never destroyed (device_state)
   std::shared_ptr<PoolLease> lease_;  // the pool the tensors live in, while they are held
 };
 
@@ -131,10 +141,7 @@ class CudaReadyEvent final : public ReadyEvent {
 bool prefire_running_here(c10::DeviceIndex device) { return open_here(device) != nullptr; }
 
 void record_stream_use(const c10::Storage& storage, const c10::Stream& stream) {
-  const c10::DeviceIndex index = storage.device().index();
-  std::unique_lock<std::mutex> window;
-  if (!open_here(index)) window = std::unique_lock<std::mutex>(device_state(index).window_mu);
-  c10::cuda::CUDACachingAllocator::recordStream(storage.data_ptr(), c10::cuda::CUDAStream(stream));
+  record_use(storage, c10::cuda::CUDAStream(stream), device_state(storage.device().index()));
 }
 
 struct PrefireRun::Impl {
@@ -212,7 +219,7 @@ bool PrefireRun::in_pool() const { return impl_ && impl_->lease != nullptr; }
 std::shared_ptr<ReadyEvent> PrefireRun::finish() {
   if (!impl_) return nullptr;
   impl_->close();  // (3)
-  return std::make_shared<CudaReadyEvent>(impl_->stream, impl_->lease);
+  return std::make_shared<CudaReadyEvent>(impl_->stream, impl_->device, impl_->lease);
 }
 
 #else  // !PREFIRE_WITH_CUDA

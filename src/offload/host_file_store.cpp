@@ -112,20 +112,20 @@ std::shared_ptr<Copy> HostFileStore::write(c10::Storage storage, std::shared_ptr
       [this, storage = std::move(storage), region = std::move(region)] { write_now(storage, *region); });
 }
 
-TierStore::ReadBack HostFileStore::read(const std::vector<const StorageCopy*>& copies, bool queued) {
+TierStore::ReadBack HostFileStore::read(const std::vector<StorageCopy>& copies, bool queued) {
   ReadBack back;
   std::vector<std::shared_ptr<Copy>> reads;
-  for (const StorageCopy* copy : copies) {
-    back.storages.push_back(cpu_storage(copy->nbytes));
-    if (!copy->region) continue;
+  for (const StorageCopy& copy : copies) {
+    back.storages.push_back(cpu_storage(copy.nbytes));
+    if (!copy.region) continue;
     if (!queued) {
-      copy->written->wait();  // rethrows its error
-      read_region(*copy->region, back.storages.back());
+      copy.written->wait();  // rethrows its error
+      read_region(*copy.region, back.storages.back());
       continue;
     }
     // Queued after the copy into the region: that one is done when this runs.
     reads.push_back(worker_.enqueue(
-        [this, region = copy->region, storage = back.storages.back(), written = copy->written]() mutable {
+        [this, region = copy.region, storage = back.storages.back(), written = copy.written]() mutable {
           written->wait();  // rethrows its error
           read_region(*region, storage);
         }));

@@ -19,7 +19,7 @@ class HostFileStore final : public TierStore {
   /// Runs the queued copies, then closes the file.
   ~HostFileStore() override;
 
-  ReadBack read(const std::vector<const StorageCopy*>& copies, bool queued) override;
+  ReadBack read(const std::vector<StorageCopy>& copies, bool queued) override;
   void synchronize() override;
 
  protected:

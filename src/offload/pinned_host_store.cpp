@@ -85,24 +85,24 @@ class PinnedHostStore final : public TierStore {
     (void)cudaFreeHost(base_);  // waits for the device; fails harmlessly once the runtime is unloading
   }
 
-  ReadBack read(const std::vector<const StorageCopy*>& copies, bool queued) override {
+  ReadBack read(const std::vector<StorageCopy>& copies, bool queued) override {
     ReadBack back;
     if (copies.empty()) return back;
     std::optional<PrefireRun> run;  // a prefetch: on the prefire stream (Note [The pinned host tier])
-    if (queued) run.emplace(copies.front()->device, std::vector<at::Tensor>{});
+    if (queued) run.emplace(copies.front().device, std::vector<at::Tensor>{});
     back.in_pool = run && run->in_pool();
-    for (const StorageCopy* copy : copies) {
-      const c10::DeviceIndex index = copy->device.index();
+    for (const StorageCopy& copy : copies) {
+      const c10::DeviceIndex index = copy.device.index();
       c10::cuda::CUDAGuard device(index);
       const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(index);
-      back.storages.emplace_back(c10::Storage::use_byte_size_t(), copy->nbytes,
+      back.storages.emplace_back(c10::Storage::use_byte_size_t(), copy.nbytes,
                                  c10::cuda::CUDACachingAllocator::get(), /*resizable=*/false);
-      if (!copy->region) continue;
-      static_cast<const StreamCopy&>(*copy->written).order_before(stream);
-      C10_CUDA_CHECK(cudaMemcpyAsync(back.storages.back().mutable_data(), base_ + copy->region->offset,
-                                     static_cast<size_t>(copy->nbytes), cudaMemcpyHostToDevice, stream.stream()));
-      count_read(copy->nbytes);
-      remember(std::make_shared<StreamCopy>(stream), copy->region);
+      if (!copy.region) continue;
+      static_cast<const StreamCopy&>(*copy.written).order_before(stream);
+      C10_CUDA_CHECK(cudaMemcpyAsync(back.storages.back().mutable_data(), base_ + copy.region->offset,
+                                     static_cast<size_t>(copy.nbytes), cudaMemcpyHostToDevice, stream.stream()));
+      count_read(copy.nbytes);
+      remember(std::make_shared<StreamCopy>(stream), copy.region);
     }
     if (run) back.ready = run->finish();
     return back;
@@ -135,16 +135,19 @@ class PinnedHostStore final : public TierStore {
     return written;
   }
 
+  // In queue order, up to the first copy not done (without `wait`): a
+  // forward's pack pays for the copies done since the last one, not for every
+  // copy still queued.
   void reclaim(bool wait) override {
-    std::vector<Pending> finished;  // their regions go back to the space as this goes
+    std::deque<Pending> finished;  // their regions go back to the space as this goes
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto it = pending_.begin(); it != pending_.end();) {
-        if (wait || it->copy->done()) {
-          finished.push_back(std::move(*it));
-          it = pending_.erase(it);
-        } else {
-          ++it;
+      if (wait) {
+        finished.swap(pending_);
+      } else {
+        while (!pending_.empty() && pending_.front().copy->done()) {
+          finished.push_back(std::move(pending_.front()));
+          pending_.pop_front();
         }
       }
     }

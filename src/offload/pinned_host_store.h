@@ -30,9 +30,9 @@
 // Regions: a freed region may still be read (a prefetch queued on a stream
 // that has not run yet) or written; each copy records an event and holds its
 // region until that event is done, so a region returns to the space only once
-// no copy uses it. Finished copies are collected at every allocation, and all
-// of them are waited for before the tier calls itself full and at
-// synchronize().
+// no copy uses it. Finished copies are collected at every allocation, in
+// queue order up to the first not done, and all of them are waited for before
+// the tier calls itself full and at synchronize().
 // Errors: a copy that cannot be queued raises at the call (forward or the
 // fetch); an error of the device while copying surfaces as CUDA errors do, at
 // the next call that synchronizes. Without CUDA in the build or without a

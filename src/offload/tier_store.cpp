@@ -42,7 +42,7 @@ StorageCopy TierStore::copy_in(const c10::Storage& storage, const std::string& w
 }
 
 c10::Storage TierStore::read_now(const StorageCopy& copy) {
-  return std::move(read({&copy}, /*queued=*/false).storages.front());
+  return std::move(read({copy}, /*queued=*/false).storages.front());
 }
 
 double TierStore::measure_copy_seconds(int64_t nbytes) {
@@ -55,7 +55,7 @@ double TierStore::measure_copy_seconds(int64_t nbytes) {
   auto both_ways = [&] {
     copy.written = write(storage, copy.region);
     copy.written->wait();
-    read({&copy}, /*queued=*/false);
+    read({copy}, /*queued=*/false);
     synchronize();  // a device tier's read is only queued on the stream
   };
   // Untimed first: the first copy into a region pays for what the tier makes

@@ -53,7 +53,7 @@ class TierStore {
   /// copy into the tier; raises what that copy raised. Not queued (a lazy
   /// fetch): the storages are ready for this thread (on a device: for its
   /// current stream) when this returns. Queued (a prefetch): returns at once.
-  virtual ReadBack read(const std::vector<const StorageCopy*>& copies, bool queued) = 0;
+  virtual ReadBack read(const std::vector<StorageCopy>& copies, bool queued) = 0;
   /// One copy read back, not queued.
   c10::Storage read_now(const StorageCopy& copy);
   /// Waits for every copy queued so far.
