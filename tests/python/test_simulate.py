@@ -2,6 +2,7 @@
 any rank count, the replay's arithmetic on durations chosen by hand, and a
 tiny 2-rank run of the program replayed with what it measured."""
 
+import copy
 import json
 
 import pytest
@@ -240,6 +241,27 @@ def test_place_compares_the_rules_the_search_and_the_floor_on_a_measured_run(tin
         check_placement_file(data, "zbv", 2, 4)
     for rank, order in enumerate(rank_orders("dualpipev", 2, 4)):
         check_placement(rank_placement(data, rank), order)
+
+
+def test_place_prints_a_dash_for_h_where_the_replayed_recomputation_takes_no_time(tiny_run, tmp_path, capsys):
+    """On a noisy machine the tiny run's session mode can replay no longer
+    than none (CI once did): H has nothing to divide by. The table says "-"
+    and the JSON None, where it once failed to format."""
+    run_copy = copy.deepcopy(tiny_run)
+    timelines = run_copy["timelines"]
+    for none_rank, session_rank in zip(timelines["none"], timelines["session"]):
+        for none_step, session_step in zip(none_rank["steps"], session_rank["steps"]):
+            recomputes = [[kind, stage, block, begin, begin] for kind, stage, block, begin, _ in
+                          session_step["events"] if kind == "recompute"]
+            session_step["events"] = copy.deepcopy(none_step["events"]) + recomputes
+    run_path, out = tmp_path / "run.json", tmp_path / "place.json"
+    run_path.write_text(json.dumps(run_copy))
+    assert simulate.main(["place", str(run_path), "--ranks", "2", "--schedules", "zbv", "--search-ranks", "2",
+                          "--json", str(out)]) == 0
+    row, = json.loads(out.read_text())
+    assert row["session_s"] <= row["none_s"] and row["hidden"] == {"rules": None, "max": None, "search": None}
+    line, = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("zbv")]
+    assert line.split()[2:5] == ["-", "-", "-"], line
 
 
 def test_a_full_backward_on_a_stage_that_splits_others_is_shortened_by_its_own_recomputation():

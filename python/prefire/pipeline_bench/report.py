@@ -163,7 +163,8 @@ def _spread(rounds: Dict[str, List[List[Dict[str, Any]]]]) -> Dict[str, Any]:
     }
 
 
-def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 1) -> str:
+def cell(value: Optional[float], scale: float = 1.0, digits: int = 1) -> str:
+    """A table cell: ``value`` times ``scale``, or "-" where there is none."""
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
@@ -176,11 +177,11 @@ def table(summary: Dict[str, Any]) -> str:
         for r in m["ranks"]:
             per_block = list(r["recomputations_per_block_per_micro_batch"].values())
             lo, hi = min(per_block), max(per_block)
-            rows.append((mode, str(r["rank"]), ",".join(map(str, r["stages"])), _fmt(r["step_s"], 1e3),
-                         f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}", _fmt(r["recompute_s"], 1e3),
-                         _fmt(r["recompute_bubble_s"], 1e3), _fmt(r["wait_s"], 1e3),
-                         _fmt(r["hideable_s"], 1e3), _fmt(r["step_peak_bytes"], 1 / MiB),
-                         _fmt(r["peak_held_bytes"], 1 / MiB), grads))
+            rows.append((mode, str(r["rank"]), ",".join(map(str, r["stages"])), cell(r["step_s"], 1e3),
+                         f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}", cell(r["recompute_s"], 1e3),
+                         cell(r["recompute_bubble_s"], 1e3), cell(r["wait_s"], 1e3),
+                         cell(r["hideable_s"], 1e3), cell(r["step_peak_bytes"], 1 / MiB),
+                         cell(r["peak_held_bytes"], 1 / MiB), grads))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
@@ -193,27 +194,27 @@ def table(summary: Dict[str, Any]) -> str:
     out += _budget_sweep(summary["modes"])
     if any(v is not None for v in summary["ratios"].values()):  # torch's mode ran
         out.append("step time (slowest rank), ratio to torch's checkpoint: " + ", ".join(
-            f"{k} {_fmt(v, 1, 3)}" for k, v in summary["ratios"].items()))
+            f"{k} {cell(v, 1, 3)}" for k, v in summary["ratios"].items()))
     spread = summary["rounds"]
     rounds = len(next(iter(spread["step_s"].values()))["per_round"])
     out.append(f"step ms over {rounds} round{'s' if rounds > 1 else ''} (min-max): " + ", ".join(
-        f"{m} {_fmt(v['min'], 1e3)}-{_fmt(v['max'], 1e3)}" for m, v in spread["step_s"].items()))
+        f"{m} {cell(v['min'], 1e3)}-{cell(v['max'], 1e3)}" for m, v in spread["step_s"].items()))
     h = summary["hidden_fraction"]
     hs = spread["hidden_fraction"]
     out.append("hidden fraction of recomputation time H = (session - bubble) / (session - none): overall "
-               + _fmt(h["overall"], 1, 2) + f" (rounds {_fmt(hs['min'], 1, 2)}-{_fmt(hs['max'], 1, 2)})"
-               + ", per rank " + ", ".join(_fmt(x, 1, 2) for x in h["per_rank"]))
+               + cell(h["overall"], 1, 2) + f" (rounds {cell(hs['min'], 1, 2)}-{cell(hs['max'], 1, 2)})"
+               + ", per rank " + ", ".join(cell(x, 1, 2) for x in h["per_rank"]))
     if "hidden_fraction_placed" in summary:
         hp, hps = summary["hidden_fraction_placed"], spread["hidden_fraction_placed"]
         out.append("placed (the simulator's placement, not the rules): H = (session - placed) / (session - none): "
-                   f"overall {_fmt(hp['overall'], 1, 2)} (rounds {_fmt(hps['min'], 1, 2)}-{_fmt(hps['max'], 1, 2)})"
-                   ", per rank " + ", ".join(_fmt(x, 1, 2) for x in hp["per_rank"]))
+                   f"overall {cell(hp['overall'], 1, 2)} (rounds {cell(hps['min'], 1, 2)}-{cell(hps['max'], 1, 2)})"
+                   ", per rank " + ", ".join(cell(x, 1, 2) for x in hp["per_rank"]))
     if any(x is not None and x < 0 for x in [h["overall"], hs["min"], *h["per_rank"]]):
         out.append("H below 0: bubble mode's step came out slower than session mode's, so its prefires hid nothing "
                    "there and what they cost shows (their launch, or recomputation that overran a wait), or the "
                    "difference is timing noise (compare the rounds' spread)")
     out.append("hideable: recomputation the rank's waits could hold (micro-batches forwarded, backward not begun); "
-               "the most H those allow (session steps less hideable): " + _fmt(summary["hidden_fraction_bound"], 1, 2))
+               "the most H those allow (session steps less hideable): " + cell(summary["hidden_fraction_bound"], 1, 2))
     if summary["noisy"]:
         out.append("NOISY RUN: H came out above the most the waits allow, which only timing noise can do; the step "
                    "times are not to be trusted to this precision (more --rounds, more --steps, a quieter machine)")
@@ -236,10 +237,10 @@ def _budget_sweep(modes: Dict[str, Any]) -> List[str]:
             per_block = list(r["recomputations_per_block_per_micro_batch"].values())
             budget = r["budget_bytes"]
             below = budget is not None and r["floor_bytes"] is not None and budget < r["floor_bytes"]
-            cells.append(f"rank {r['rank']} {_fmt(budget, 1 / MiB)} -> {_fmt(r['peak_held_bytes'], 1 / MiB)} "
+            cells.append(f"rank {r['rank']} {cell(budget, 1 / MiB)} -> {cell(r['peak_held_bytes'], 1 / MiB)} "
                          f"({sum(per_block) / len(per_block):.2f}){' below floor' if below else ''}")
         lines.append(f"  {m.ljust(width)}  " + "; ".join(cells))
-    floors = ", ".join(f"rank {r['rank']} {_fmt(r['floor_bytes'], 1 / MiB)}" for r in modes[runs[-1]]["ranks"])
+    floors = ", ".join(f"rank {r['rank']} {cell(r['floor_bytes'], 1 / MiB)}" for r in modes[runs[-1]]["ranks"])
     lines.append(f"  floor (MiB): {floors}")
     return lines
 

@@ -29,6 +29,7 @@ from .placement import compare, placement_file
 from .plan_predict import predict_plans
 from .plan_search import search
 from .predict import predict
+from .report import cell
 
 
 def _gb_per_s(text: str) -> Union[float, Tuple[float, float]]:
@@ -128,15 +129,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"{'schedule':18} {'ranks':>5} {'none/torch':>10} {'session/torch':>13} {'bubble/torch':>12} "
           f"{'bubble frac (session)':>21} {'H':>6} {'H max':>6} {'waits/recomp':>12}")
 
-    def fmt(value: Optional[float], digits: int) -> str:
-        return "-" if value is None else f"{value:.{digits}f}"
-
     for row in predictions:
         ratio = row["ratio_to_torch"]
         print(f"{row['schedule']:18} {row['world']:5d} {ratio['none']:10.3f} {ratio['session']:13.3f} "
-              f"{fmt(ratio.get('bubble'), 3):>12} {row['bubble_fraction']['session']:21.3f} "
-              f"{fmt(row['hidden_fraction'], 2):>6} {fmt(row['hidden_fraction_max'], 2):>6} "
-              f"{fmt(row['waits_over_recompute'], 2):>12}")
+              f"{cell(ratio.get('bubble'), 1, 3):>12} {row['bubble_fraction']['session']:21.3f} "
+              f"{cell(row['hidden_fraction'], 1, 2):>6} {cell(row['hidden_fraction_max'], 1, 2):>6} "
+              f"{cell(row['waits_over_recompute'], 1, 2):>12}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(predictions, f, indent=1)
@@ -186,9 +184,10 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
             rows.append(row)
             h = row["hidden"]
             best = row.get("search_s", row["rules_s"])
-            print(f"{schedule:18} {world:5d} {h['rules']:8.3f} "
-                  f"{(format(h['search'], '9.3f') if 'search' in h else '-'.rjust(9))} {h['max']:6.3f} "
-                  f"{row['waits_over_recompute']:12.2f} {row['rules_held']:10d} "
+            # H is None where the replay's session step is no longer than none's (the measured recomputation
+            # too short against the run's noise): nothing to hide, printed as "-"
+            print(f"{schedule:18} {world:5d} {cell(h['rules'], 1, 3):>8} {cell(h.get('search'), 1, 3):>9} "
+                  f"{cell(h['max'], 1, 3):>6} {cell(row['waits_over_recompute'], 1, 2):>12} {row['rules_held']:10d} "
                   f"{str(row.get('search_held', '-')):>11} {best / row['session_s']:14.3f}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
