@@ -120,7 +120,7 @@ def two_rank_worker(rank, store_path):
             gathers[0] = 0
             with prefire.collect() as handles:
                 loss = model(x).float().square().sum()
-            groups = [b._get_fsdp_state()._fsdp_param_groups[0] for b in fsdp_blocks]
+            groups = [_fsdp._groups(b._get_fsdp_state())[0] for b in fsdp_blocks]  # torch 2.11: _fsdp_param_group
             order_length = len(groups[0].comm_ctx.post_forward_order)
             sharded_after_forward = [g.is_sharded for g in groups]
             if mode == "ahead":
