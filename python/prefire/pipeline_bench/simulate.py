@@ -132,9 +132,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     for row in predictions:
         ratio = row["ratio_to_torch"]
         print(f"{row['schedule']:18} {row['world']:5d} {ratio['none']:10.3f} {ratio['session']:13.3f} "
-              f"{cell(ratio.get('bubble'), 1, 3):>12} {row['bubble_fraction']['session']:21.3f} "
-              f"{cell(row['hidden_fraction'], 1, 2):>6} {cell(row['hidden_fraction_max'], 1, 2):>6} "
-              f"{cell(row['waits_over_recompute'], 1, 2):>12}")
+              f"{cell(ratio.get('bubble'), digits=3):>12} {row['bubble_fraction']['session']:21.3f} "
+              f"{cell(row['hidden_fraction'], digits=2):>6} {cell(row['hidden_fraction_max'], digits=2):>6} "
+              f"{cell(row['waits_over_recompute'], digits=2):>12}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(predictions, f, indent=1)
@@ -186,9 +186,10 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
             best = row.get("search_s", row["rules_s"])
             # H is None where the replay's session step is no longer than none's (the measured recomputation
             # too short against the run's noise): nothing to hide, printed as "-"
-            print(f"{schedule:18} {world:5d} {cell(h['rules'], 1, 3):>8} {cell(h.get('search'), 1, 3):>9} "
-                  f"{cell(h['max'], 1, 3):>6} {cell(row['waits_over_recompute'], 1, 2):>12} {row['rules_held']:10d} "
-                  f"{str(row.get('search_held', '-')):>11} {best / row['session_s']:14.3f}", flush=True)
+            print(f"{schedule:18} {world:5d} {cell(h['rules'], digits=3):>8} {cell(h.get('search'), digits=3):>9} "
+                  f"{cell(h['max'], digits=3):>6} {cell(row['waits_over_recompute'], digits=2):>12} "
+                  f"{row['rules_held']:10d} {str(row.get('search_held', '-')):>11} {best / row['session_s']:14.3f}",
+                  flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump([{k: v for k, v in r.items() if not k.endswith("placement")} for r in rows], f, indent=1)
