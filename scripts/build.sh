@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (scripts/setup.sh), then configures and builds
-# prefire with CMake + Ninja into $PREFIRE_BUILD_DIR (default: build/).
+# prefire with CMake + Ninja into $PREFIRE_BUILD_DIR (default: build/, or
+# build-torch-X/ for PREFIRE_TORCH_VERSION=X other than the pinned release).
 # Extra arguments go to the build step (e.g. --target prefire-bench); the
 # Python package is built and copied into the venv either way.
 set -euo pipefail
@@ -9,7 +10,12 @@ python=$(scripts/setup.sh --print-python)
 # ccache: paths relative to the checkout, so clones in other folders (CI)
 # hit the cache that earlier builds filled.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
-build_dir="${PREFIRE_BUILD_DIR:-build}"
+# The pinned torch builds into build/, another (PREFIRE_TORCH_VERSION) into build-torch-X/.
+if [ -n "${PREFIRE_TORCH_VERSION:-}" ] && [ "$PREFIRE_TORCH_VERSION" != "$(scripts/torch-releases.sh --pinned)" ]; then
+  build_dir="${PREFIRE_BUILD_DIR:-build-torch-$PREFIRE_TORCH_VERSION}"
+else
+  build_dir="${PREFIRE_BUILD_DIR:-build}"
+fi
 cmake -G Ninja -S . -B "$build_dir" -Wno-dev \
   -DPREFIRE_PYTHON="$python" \
   -DCMAKE_BUILD_TYPE="${PREFIRE_BUILD_TYPE:-RelWithDebInfo}" \

@@ -2,9 +2,11 @@
 # Installs what prefire needs to build, when it is missing, and prints nothing
 # else on success. Idempotent: a second run does no work.
 #
-#   * torch 2.14.1 (LibTorch comes from the wheel) in a virtual environment
-#     outside the repository, so clean clones and CI reuse it:
-#     $PREFIRE_VENV, default ~/.cache/prefire/venv
+#   * torch (LibTorch comes from the wheel) in a virtual environment outside
+#     the repository, so clean clones and CI reuse it: the pinned release
+#     (scripts/torch-releases.sh --pinned) in ~/.cache/prefire/venv, or
+#     PREFIRE_TORCH_VERSION=X (another release CI tests, or any) in
+#     ~/.cache/prefire/venv-X; $PREFIRE_VENV overrides the folder
 #   * pytest, scikit-build-core, numpy and matplotlib in that venv (the Python
 #     package's tests and wheel, torch.distributed's object messages, the pipeline plot)
 #   * transformers (pinned; pure Python over its own wheels, never a second
@@ -15,10 +17,24 @@
 # when run with --print-python.
 set -euo pipefail
 
-TORCH_VERSION="${PREFIRE_TORCH_VERSION:-2.14.1}"
-VENV="${PREFIRE_VENV:-$HOME/.cache/prefire/venv}"
+pinned=$("$(dirname "${BASH_SOURCE[0]}")/torch-releases.sh" --pinned)
+TORCH_VERSION="${PREFIRE_TORCH_VERSION:-$pinned}"
+if [ "$TORCH_VERSION" = "$pinned" ]; then
+  VENV="${PREFIRE_VENV:-$HOME/.cache/prefire/venv}"
+else
+  VENV="${PREFIRE_VENV:-$HOME/.cache/prefire/venv-$TORCH_VERSION}"
+fi
 
 log() { echo "[setup] $*" >&2; }
+# pip install into the venv. A machine's pip configuration may cap torch below
+# a release CI tests (a constraint file of the machine's); PIP_CONSTRAINT
+# replaces that file for these installs alone, keeping the rest of the
+# configuration (indexes, local wheels). torch and transformers are pinned
+# here, and the check after each install refuses a venv whose torch moved.
+venv_pip() {
+  PIP_CONSTRAINT=/dev/null "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 |
+    grep -v "^WARNING: Location .* is ignored" >&2 || true
+}
 
 need_apt=()
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
@@ -45,8 +61,7 @@ if ! have_torch; then
   log "creating $VENV with torch==$TORCH_VERSION (first time only; several GB)"
   mkdir -p "$(dirname "$VENV")"
   python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" 2>&1 |
-    grep -v "^WARNING: Location .* is ignored" >&2 || true
+  venv_pip "torch==$TORCH_VERSION"
   have_torch || { log "torch $TORCH_VERSION did not install into $VENV"; exit 1; }
 fi
 
@@ -55,8 +70,7 @@ fi
 # (the plot of python -m prefire.pipeline_bench).
 if ! "$VENV/bin/python" -c "import pytest, scikit_build_core, numpy, matplotlib" 2>/dev/null; then
   log "installing pytest, scikit-build-core, numpy and matplotlib into $VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pytest scikit-build-core numpy matplotlib 2>&1 |
-    grep -v "^WARNING: Location .* is ignored" >&2 || true
+  venv_pip pytest scikit-build-core numpy matplotlib
 fi
 
 # Hugging Face transformers, a tested client (tests/python/test_transformers.py).
@@ -65,8 +79,7 @@ fi
 TRANSFORMERS_VERSION="${PREFIRE_TRANSFORMERS_VERSION:-5.24.0}"
 if ! "$VENV/bin/python" -c "import transformers,sys; sys.exit(0 if transformers.__version__=='$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
   log "installing transformers==$TRANSFORMERS_VERSION into $VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" 2>&1 |
-    grep -v "^WARNING: Location .* is ignored" >&2 || true
+  venv_pip "transformers==$TRANSFORMERS_VERSION"
   have_torch || { log "installing transformers changed torch in $VENV"; exit 1; }
 fi
 

@@ -7,6 +7,9 @@
 #                                         check (benchmarks are not built)
 #   scripts/test.sh --tsan [ctest args]   build-tsan/: TSan with lock-order checking, the scheduling, offload,
 #                                         concurrency and random-schedule tests
+#   scripts/test.sh --torch X [ctest args]
+#                                         build-torch-X/: against torch X (its venv, ~/.cache/prefire/venv-X,
+#                                         made when missing), every test; the benchmarks are not built
 #
 # Why these sanitizer options, and what the sanitizers reported: tests/sanitizers/README.md.
 set -euo pipefail
@@ -15,6 +18,9 @@ cd "$(dirname "$0")/.."
 mode=""
 case "${1:-}" in
   --asan | --tsan) mode="${1#--}"; shift ;;
+  --torch)
+    [ $# -ge 2 ] || { echo "usage: $0 --torch RELEASE [ctest args]" >&2; exit 2; }
+    mode=torch; export PREFIRE_TORCH_VERSION="$2"; shift 2 ;;
 esac
 
 filter=()
@@ -32,6 +38,10 @@ case "$mode" in
     export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:detect_deadlocks=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1}"
     export PREFIRE_STRESS_ITERATIONS="${PREFIRE_STRESS_ITERATIONS:-40}"
     filter=(-R 'Concurrency|Schedule|RandomSchedules|CheckpointGradients.TwoThreads|Offload')
+    ;;
+  torch)
+    build_dir="${PREFIRE_BUILD_DIR:-build-torch-$PREFIRE_TORCH_VERSION}"  # build.sh's for that release
+    export PREFIRE_CMAKE_ARGS="${PREFIRE_CMAKE_ARGS:-} -DPREFIRE_BUILD_BENCHMARKS=OFF"
     ;;
 esac
 

@@ -28,6 +28,15 @@ if torch.__version__ != _build.TORCH_VERSION:
         f"{torch.__version__} ({torch.__file__}). Rebuild prefire in this environment (pip install "
         f"--no-build-isolation <prefire>), or use the torch it was built for")
 
+from . import _torch_range  # noqa: E402
+
+_outside = _torch_range.outside_message(torch.__version__, "prefire")
+if _outside:
+    import warnings
+
+    warnings.warn(_outside + ": it was built against this torch, but nothing checked that it works with it",
+                  stacklevel=2)
+
 from . import _C, cuda  # noqa: E402
 from ._allocator import AllocatorBytes, AllocatorPeak, allocator_bytes, count_cpu_allocations, reset_allocator_peak
 from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpoint_sequential, checkpoint_wrapper

@@ -31,11 +31,10 @@ any of them. So nothing here may switch itself off quietly (see Note
 Note [Hook points fail loudly]
 A torch that moved one of these points would leave training running without
 prefire, or with bubble prefire off, and say nothing. So:
-  * ``enable`` refuses a torch outside the tested range (2.11 to 2.14:
-    2.14.1 runs the suite here, 2.11 is the GPU machine's, where
-    scripts/gpu-check.sh runs it), naming it and how to try anyway
-    (PREFIRE_PIPELINING_UNTESTED_TORCH=1), and checks that every hook point
-    exists with the shape this module relies on;
+  * ``enable`` refuses a torch outside the tested range (``_torch_range``:
+    the releases CI runs the whole suite against), naming it and how to try
+    anyway (PREFIRE_PIPELINING_UNTESTED_TORCH=1), and checks that every hook
+    point exists with the shape this module relies on;
   * after the first training step, it checks that they fired: every stage's
     forward went through the wrapper, and with ``bubble=True`` every receive
     the schedule posted in the tables was popped there (a torch that waits
@@ -53,9 +52,9 @@ merge them for the caller (``output_chunks``), and the schedule its loss
 torch detaches the outputs after B for that reason, but in place, which a
 view cannot be (a language model's head, a Linear over (batch, seq, dim),
 returns one), so after B (``retain_graph=True``) and W, everything the last
-stage's forward saved outside a checkpoint stayed until the next step:
-measured, half of a kept block's saved bytes on the default GPT, what B
-alone read. So after a micro-batch's last pass on the last stage (W, or
+stage's forward saved outside a checkpoint stayed until the next step
+(torch 2.11 to 2.14; on 2.15 the output holds no graph by then): measured, half
+of a kept block's saved bytes on the default GPT, what B alone read. So after a micro-batch's last pass on the last stage (W, or
 the full backward) ``enable`` puts detached copies of its output and loss
 in their places: the same values for the caller, without a graph nobody
 can run backward through again. A kept block of the last stage then holds
@@ -73,7 +72,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from . import _C
+from . import _C, _torch_range
 
 #: (kind, stage index, micro-batch): kind "F", "B" (input gradients), "W"
 #: (weight gradients) or "BW" (full backward)
@@ -214,36 +213,31 @@ def is_full_backward(args: tuple, kwargs: dict) -> bool:
 def let_go_of_graph(stage: Any, schedule: Any, micro_batch: int) -> bool:
     """After the last pass of ``micro_batch`` on the last stage: its
     output and loss as values, without their graph (Note [The last
-    stage lets go of its graph after W]); whether there was one."""
-    let_go = False
+    stage lets go of its graph after W]). Returns whether neither holds a
+    graph now: always, whether this let go of one or torch kept none (2.15
+    keeps none after B); a test stands in a schedule that keeps its graphs
+    with a function returning False."""
     outputs = stage.output_chunks
     if 0 <= micro_batch < len(outputs) and any(isinstance(t, torch.Tensor) and t.grad_fn is not None
                                                  for t in tree_flatten(outputs[micro_batch])[0]):
         outputs[micro_batch] = tree_map_only(torch.Tensor, torch.Tensor.detach, outputs[micro_batch])
-        let_go = True
     losses = getattr(schedule, "_internal_losses", None)
     if isinstance(losses, list) and 0 <= micro_batch < len(losses):
         loss = losses[micro_batch]
         if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
             losses[micro_batch] = loss.detach()
-            let_go = True
-    return let_go
-
-
-#: torch releases the hook points were tested with (Note [Hook points fail loudly]).
-TESTED_TORCH = ((2, 11), (2, 14))
+    return True
 
 
 def _check_torch_version(version: Optional[str] = None) -> None:
-    version = version or torch.__version__
-    release = tuple(int(p) for p in version.split("+")[0].split(".")[:2])
-    if TESTED_TORCH[0] <= release <= TESTED_TORCH[1] or os.environ.get("PREFIRE_PIPELINING_UNTESTED_TORCH") == "1":
+    """Refuses a torch outside the tested range (Note [Hook points fail loudly])."""
+    outside = _torch_range.outside_message(version or torch.__version__, "prefire.pipelining")
+    if outside is None or os.environ.get("PREFIRE_PIPELINING_UNTESTED_TORCH") == "1":
         return
-    low, high = (".".join(map(str, v)) for v in TESTED_TORCH)
     raise RuntimeError(
-        f"prefire.pipelining hooks into private parts of torch.distributed.pipelining, tested with torch {low} to "
-        f"{high}; this is torch {version}. Set PREFIRE_PIPELINING_UNTESTED_TORCH=1 to try it anyway (enable() "
-        "then checks every hook point, and the first step checks that each fired)")
+        f"{outside}. It hooks into private parts of torch.distributed.pipelining; set "
+        "PREFIRE_PIPELINING_UNTESTED_TORCH=1 to try it anyway (enable() then checks every hook point, and the "
+        "first step checks that each fired)")
 
 
 def _stages_of(schedule) -> List[Any]:

@@ -70,7 +70,7 @@ class PipelineStats:
     released_after_b: int = 0     # micro-batches whose recomputation B let go for the budget (W recomputed it)
     trimmed_after_b: int = 0      # micro-batches whose session kept, after B, only what an earlier W read
     trim_misses: int = 0          # unpacks in W of a tensor the trim dropped (recomputed for that W alone)
-    graphs_let_go: int = 0        # last-stage micro-batches whose output and loss lost their graph after W
+    graphs_let_go: int = 0        # last-stage micro-batches whose output and loss hold no graph after W
     prefires_let_go: int = 0      # bubble-prefired micro-batches let go so that a B could keep its recomputation
 
 

@@ -54,3 +54,41 @@ def test_the_type_stubs_name_what_the_extension_module_has():
     for cls in (n for n in stub.body if isinstance(n, ast.ClassDef) and n.name in ("BlockCost", "Plan")):
         init = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
         assert [a.arg for a in init.args.kwonlyargs] == list(getattr(_C, cls.name).FIELDS), cls.name
+
+
+def releases_file():
+    with open(os.path.join(ROOT, "cmake", "torch-releases.txt")) as f:
+        return [line.split()[0] for line in f if line[:1].isdigit()]
+
+
+def test_the_build_carries_the_releases_ci_tests_and_this_torch_imports_it_without_a_warning():
+    from prefire import _build, _torch_range
+
+    assert list(_build.TESTED_TORCH_RELEASES) == releases_file()
+    assert _torch_range.outside_message(torch.__version__, "prefire") is None  # CI runs only listed releases
+    result = subprocess.run([sys.executable, "-W", "error", "-c", "import prefire"], capture_output=True, text=True,
+                            env=dict(os.environ), timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_import_under_a_torch_outside_the_tested_range_warns_naming_the_range(tmp_path):
+    """The package as built, with a tested range that leaves this torch out
+    (its _build.py rewritten in a copy): import works and warns once."""
+    import shutil
+
+    import prefire
+
+    package = tmp_path / "prefire"
+    shutil.copytree(os.path.dirname(prefire.__file__), package, ignore=shutil.ignore_patterns("__pycache__"))
+    build = package / "_build.py"
+    text = build.read_text()
+    assert "TESTED_TORCH_RELEASES" in text
+    build.write_text(text + '\nTESTED_TORCH_RELEASES = ["1.8.0", "1.9.1"]\n')
+    code = "import warnings; warnings.simplefilter('always'); import prefire; print(prefire.checkpoint.__name__)"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "checkpoint"
+    release = torch.__version__
+    assert result.stderr.count("prefire is tested with torch 1.8 to 1.9 (CI runs 1.8.0, 1.9.1); "
+                               f"this is torch {release}: it was built against this torch") == 1, result.stderr
