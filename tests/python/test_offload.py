@@ -16,6 +16,7 @@ import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 import prefire
+from optional import requires
 
 TIER_BYTES = 64 << 20
 
@@ -198,9 +199,7 @@ def test_offload_inside_torch_compile_is_refused(tier):
         torch.compile(f, backend="eager", fullgraph=True)(torch.randn(2, 32, requires_grad=True))
 
 
-transformers = pytest.importorskip("transformers")
-
-
+@requires("transformers")
 @pytest.mark.parametrize("inputs_only", [False, True])
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_transformers_layers_offloaded_train_bit_equal_to_unchecked(tier, kind, inputs_only):

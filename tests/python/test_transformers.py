@@ -16,12 +16,14 @@ import copy
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+from optional import optional, requires
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight  # noqa: E402
+import prefire
+from prefire.integrations import transformers as prefire_transformers
 
-import prefire  # noqa: E402
-from prefire.integrations import transformers as prefire_transformers  # noqa: E402
+transformers = optional("transformers")
+pytestmark = requires("transformers")  # each test, skipped one by one where it is missing
 
 
 def tiny(kind, seed=0):
