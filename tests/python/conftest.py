@@ -5,6 +5,46 @@ import torch
 import torch.distributed as dist
 
 
+def torch_release(version: str = torch.__version__):
+    """(major, minor) of a torch version: 2.14.1+cu130 -> (2, 14)."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+# Note [Known differences of a torch release]
+# Some tests meet a difference of one torch release's own, which no code of
+# prefire's can route around: the release fails inside torch where the test
+# needs it to work. Per release, the text of that failure and what differs
+# (docs/development.md lists them). A test that fails with that text under
+# that release is reported as an expected failure naming the difference, in
+# the run's counts (xfailed); one that fails otherwise fails. Each
+# difference has a test of its own that shows it on every release
+# (test_torch_differences.py), so a release that stops differing is seen.
+KNOWN_DIFFERENCES = {
+    (2, 11): (
+        ("Pair is not connected",
+         "its V-shaped schedules (ZBV, DualPipeV) greet each neighbouring stage through the process group at the "
+         "first step, a stage on the same rank too, which Gloo refuses"),
+        ("Attribute '_input_metadata' is invalid",
+         "its stage_backward_weight reads _input_metadata of a torch.compile'd function's node"),
+    ),
+}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    text = str(report.longrepr)
+    for needle, what in KNOWN_DIFFERENCES.get(torch_release(), ()):
+        if needle in text:
+            report.outcome = "skipped"
+            report.wasxfail = f"a known difference of torch {torch.__version__}: {what}"
+            return
+
+
 @pytest.fixture(autouse=True)
 def one_intra_op_thread():
     """Bit-equality depends on the intra-op thread count (CPU reductions split

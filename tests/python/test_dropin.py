@@ -24,6 +24,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 import prefire
 import prefire._checkpoint
 
+from conftest import torch_release
 from test_checkpoint import Block, OpCounter, assert_bit_equal, model
 from test_schedule import runs, setup, split_step
 
@@ -373,8 +374,9 @@ def test_selective_checkpointing_recomputes_again_for_a_second_backward():
     context_fn = functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
     y = torch_checkpoint.checkpoint(fn, x, use_reentrant=False, context_fn=context_fn)
     torch.autograd.grad(y, [x], retain_graph=True)
-    with pytest.raises(RuntimeError, match="backward an extra time"):
-        torch.autograd.grad(y, [w])
+    if torch_release() != (2, 11):  # 2.11 allows it (test_torch_differences.py)
+        with pytest.raises(RuntimeError, match="backward an extra time"):
+            torch.autograd.grad(y, [w])
     before = prefire.runtime_stats().recomputations
     y = prefire.checkpoint(fn, x, context_fn=context_fn)
     with OpCounter(torch.ops.aten.mm.default) as mode:

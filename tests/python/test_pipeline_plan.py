@@ -4,6 +4,7 @@ schedule whose two stages share this rank: the budget holds at every step,
 the measuring one included, gradients stay exact under every plan, a shape
 change re-plans, and a budget below the least plan says that least."""
 
+import functools
 import random
 import statistics
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed import pipelining as pp
+from torch.utils._pytree import tree_flatten
 
 import prefire
 from prefire import _pipeline_plan, pipelining
@@ -434,12 +436,39 @@ def test_bubble_prefires_under_a_memory_budget_keep_it_on_two_ranks_with_exact_g
         assert sum(p["bubble_prefires"] + p["bubble_refused"] for p in ranks) > 0, r
 
 
+def keep_last_stage_graphs(patch):
+    """Stands in a schedule that keeps the last stage's graphs to the step's
+    end, as torch 2.11 to 2.14 do and 2.15 does not (Note [The last stage
+    lets go of its graph after W]): a view of each output of the last
+    stage's forward, dropped when the next step begins, and prefire told
+    that the graph stayed."""
+    kept = []
+    forward, clear = pp.PipelineStage.forward_one_chunk, pp.PipelineStage.clear_runtime_states
+
+    @functools.wraps(forward)
+    def forward_keeping(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        if self.is_last:
+            kept.extend(t.view_as(t) for t in tree_flatten(out)[0]
+                        if isinstance(t, torch.Tensor) and t.grad_fn is not None)
+        return out
+
+    @functools.wraps(clear)
+    def clear_dropping(self, *args, **kwargs):
+        kept.clear()
+        return clear(self, *args, **kwargs)
+
+    patch.setattr(pp.PipelineStage, "forward_one_chunk", forward_keeping)
+    patch.setattr(pp.PipelineStage, "clear_runtime_states", clear_dropping)
+    patch.setattr(pipelining, "let_go_of_graph", lambda stage, schedule, micro_batch: False)
+
+
 def test_the_last_stage_is_counted_by_what_its_blocks_hold_after_w_once_seen(one_rank, monkeypatch):
     # a schedule that keeps the last stage's graphs to the step's end (as torch's did, before prefire let go
     # of them: Note [The last stage lets go of its graph after W]): keeping everything holds what none holds;
     # the first plan counts the last stage's micro-batches to the step's end, whole, and cannot keep
     # everything within a hair above it
-    monkeypatch.setattr(pipelining, "let_go_of_graph", lambda stage, schedule, micro_batch: False)
+    keep_last_stage_graphs(monkeypatch)
     run = Run(*planned_gpt(None)[:3], memory_budget=1 << 40)
     for _ in range(3):
         _, everything = run.step()
@@ -465,7 +494,7 @@ def test_the_last_stage_lets_go_of_its_graphs_after_w_and_the_plan_counts_nothin
     for let_go in (False, True):
         with monkeypatch.context() as patch:
             if not let_go:
-                patch.setattr(pipelining, "let_go_of_graph", lambda stage, schedule, micro_batch: False)
+                keep_last_stage_graphs(patch)
             run = Run(*planned_gpt(None)[:3], memory_budget=1 << 40)  # every block kept once planned
             for _ in range(3):
                 grads, held[let_go] = run.step()
@@ -484,3 +513,4 @@ def test_the_last_stage_lets_go_of_its_graphs_after_w_and_the_plan_counts_nothin
                 assert all(a > 0 for a in after)
             run.close()
     assert held[True] < held[False]  # the last stage's kept blocks no longer hold to the step's end
+
