@@ -53,8 +53,9 @@ torch detaches the outputs after B for that reason, but in place, which a
 view cannot be (a language model's head, a Linear over (batch, seq, dim),
 returns one), so after B (``retain_graph=True``) and W, everything the last
 stage's forward saved outside a checkpoint stayed until the next step
-(torch 2.11 to 2.14; on 2.15 the output holds no graph by then): measured, half
-of a kept block's saved bytes on the default GPT, what B alone read. So after a micro-batch's last pass on the last stage (W, or
+(torch 2.11 to 2.14; on 2.15 the output holds no graph by then):
+measured, half of a kept block's saved bytes on the default GPT, what B
+alone read. So after a micro-batch's last pass on the last stage (W, or
 the full backward) ``enable`` puts detached copies of its output and loss
 in their places: the same values for the caller, without a graph nobody
 can run backward through again. A kept block of the last stage then holds
@@ -215,8 +216,8 @@ def let_go_of_graph(stage: Any, schedule: Any, micro_batch: int) -> bool:
     output and loss as values, without their graph (Note [The last
     stage lets go of its graph after W]). Returns whether neither holds a
     graph now: always, whether this let go of one or torch kept none (2.15
-    keeps none after B); a test stands in a schedule that keeps its graphs
-    with a function returning False."""
+    keeps none); a test stands in for a schedule that keeps its graphs
+    with a function that returns False."""
     outputs = stage.output_chunks
     if 0 <= micro_batch < len(outputs) and any(isinstance(t, torch.Tensor) and t.grad_fn is not None
                                                  for t in tree_flatten(outputs[micro_batch])[0]):
