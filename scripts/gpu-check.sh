@@ -89,16 +89,16 @@ crashed() { grep -q -E "^Fatal Python error|^== native frames" "$1"; }
 python_stage() {
   local name=$1 limit=$2; shift 2
   local stage_log="$res/${name// /_}.log"
-  STAGE_LOG="$stage_log" stage "$name" "$limit" env PYTHONPATH="$build/python" LD_PRELOAD="$native_frames" \
-    PYTHONUNBUFFERED=1 "$python" -X faulthandler "$@"
+  local captured=(env PYTHONPATH="$build/python" LD_PRELOAD="$native_frames" PYTHONUNBUFFERED=1
+                  "$python" -X faulthandler "$@")
+  STAGE_LOG="$stage_log" stage "$name" "$limit" "${captured[@]}"
   tail -3 "$stage_log"
   if crashed "$stage_log"; then
     echo "-- $name crashed: Python frames in $stage_log; native frames:"
     grep -m 3 -E "^Fatal Python error|^Current thread|^Thread 0x" "$stage_log"
     "$python" tests/native_frames/resolve.py "$stage_log" | tee "${stage_log%.log}.frames" | head -40
     local nogpu_log="${stage_log%.log}-nogpu.log"
-    STAGE_LOG="$nogpu_log" stage "$name, no GPU visible" "$limit" env CUDA_VISIBLE_DEVICES= \
-      PYTHONPATH="$build/python" LD_PRELOAD="$native_frames" PYTHONUNBUFFERED=1 "$python" -X faulthandler "$@"
+    STAGE_LOG="$nogpu_log" stage "$name, no GPU visible" "$limit" env CUDA_VISIBLE_DEVICES= "${captured[@]}"
     tail -3 "$nogpu_log"
     if crashed "$nogpu_log"; then
       echo "-- $name crashed without a GPU too: not a GPU-only cause"

@@ -19,14 +19,14 @@ from . import _build
 TESTED_RELEASES = tuple(_build.TESTED_TORCH_RELEASES)
 
 
-def _minor(version: str) -> Tuple[int, int]:
+def minor_release(version: str) -> Tuple[int, int]:
     """2.14.1+cu130 -> (2, 14)."""
     major, minor = version.split("+")[0].split(".")[:2]
     return int(major), int(minor)
 
 
 #: (oldest, newest) as (major, minor)
-TESTED_RANGE = (_minor(TESTED_RELEASES[0]), _minor(TESTED_RELEASES[-1]))
+TESTED_RANGE = (minor_release(TESTED_RELEASES[0]), minor_release(TESTED_RELEASES[-1]))
 
 
 def describe_range() -> str:
@@ -37,6 +37,6 @@ def describe_range() -> str:
 def outside_message(version: str, what: str) -> Optional[str]:
     """None where ``version`` is inside the tested range; else a sentence
     saying that ``what`` was tested with the range and this is ``version``."""
-    if TESTED_RANGE[0] <= _minor(version) <= TESTED_RANGE[1]:
+    if TESTED_RANGE[0] <= minor_release(version) <= TESTED_RANGE[1]:
         return None
     return f"{what} is tested with {describe_range()}; this is torch {version}"

@@ -4,11 +4,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from prefire._torch_range import minor_release
 
-def torch_release(version: str = torch.__version__):
-    """(major, minor) of a torch version: 2.14.1+cu130 -> (2, 14)."""
-    major, minor = version.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
+
+def torch_release():
+    """(major, minor) of this process's torch: 2.14.1+cu130 -> (2, 14)."""
+    return minor_release(torch.__version__)
 
 
 # Note [Known differences of a torch release]

@@ -17,23 +17,16 @@ import pytest
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 from conftest import torch_release
-from torch.distributed import pipelining as pp
+from test_pipelining import TINY, zbv_one_rank
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.utils._pytree import tree_flatten
 
-from prefire.pipeline_bench.model import GPT, ModelConfig, Stage, data, loss_fn
-
-TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
-
 
 def zbv_step_on_one_rank():
-    """One step of ZBV over two stages of this rank; the last stage."""
-    model = GPT(TINY)
-    stages = [pp.PipelineStage(Stage(model, i, 2, lambda b, x: b(x)), i, 2, torch.device("cpu")) for i in range(2)]
-    schedule = pp.ScheduleZBVZeroBubble(stages, TINY.micro_batches, loss_fn=loss_fn)
-    tokens, targets = data(TINY)
-    schedule.step(tokens, target=targets)
-    return stages[-1]
+    """One step of ZBV over two stages of this rank, without prefire; the last stage."""
+    schedule, _, step = zbv_one_rank(lambda b, x: b(x))
+    step()
+    return schedule._stages[-1]
 
 
 def test_torch_2_11s_v_shaped_schedules_fail_on_gloo_at_the_first_step_and_later_releases_run_them(one_rank):
