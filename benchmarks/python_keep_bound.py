@@ -7,15 +7,15 @@ kept one holds `kept` MiB, a checkpointed one `input` MiB and its pass at
 its micro-batch's B and W). Tries every choice (2^(blocks x stages x
 micro-batches)): small pipelines only.
 
-    PYTHONPATH=build/python ~/.cache/prefire/venv/bin/python benchmarks/python_keep_bound.py \
+    PYTHONPATH=build/python:apps ~/.cache/prefire/venv/bin/python benchmarks/python_keep_bound.py \
         --schedule zbv --kept 3.881 --input 0.126 --budgets 15.53,20.04
 """
 
 import argparse
 
 from prefire import _C
-from prefire._pipeline_costs import lifetime
-from prefire.pipeline_bench.replay import rank_orders
+from prefire.pipelining.actions import lifetime
+from pipeline_sim.replay import rank_orders
 
 MiB = 1 << 20
 

@@ -7,7 +7,7 @@ give the ratios, all measured in this one run. Also what a plan is told it
 costs (the measuring probe, Note [Measuring a selective checkpoint] in
 python/prefire/_selective.py), to set beside them.
 
-    PYTHONPATH=build/python ~/.cache/prefire/venv/bin/python benchmarks/python_selective_benchmark.py
+    PYTHONPATH=build/python:apps ~/.cache/prefire/venv/bin/python benchmarks/python_selective_benchmark.py
 """
 
 import argparse
@@ -18,7 +18,7 @@ import torch
 
 import prefire
 from prefire import _selective
-from prefire.pipeline_bench.model import Block, ModelConfig
+from pipeline_bench.model import Block, ModelConfig
 
 
 def main() -> None:

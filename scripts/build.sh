@@ -27,9 +27,10 @@ if [ $# -gt 0 ] && ninja -C "$build_dir" -t targets all 2>/dev/null | grep -q '^
 fi
 cmake --build "$build_dir" "$@" "${extra[@]}"
 # The Python package into the venv (a copy of <build>/python/prefire, no
-# rebuild), so that `import prefire` works there; pip builds a wheel instead
-# (README.md, "Python").
+# rebuild, in place of what an earlier build put there), so that `import
+# prefire` works there; pip builds a wheel instead (README.md, "Python").
 if [ -n "$(ls "$build_dir"/python/prefire/_C*.so 2>/dev/null)" ]; then
   site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+  rm -rf "$site/prefire"
   cmake --install "$build_dir" --component python --prefix "$site" >/dev/null
 fi

@@ -89,7 +89,7 @@ crashed() { grep -q -E "^Fatal Python error|^== native frames" "$1"; }
 python_stage() {
   local name=$1 limit=$2; shift 2
   local stage_log="$res/${name// /_}.log"
-  local captured=(env PYTHONPATH="$build/python" LD_PRELOAD="$native_frames" PYTHONUNBUFFERED=1
+  local captured=(env PYTHONPATH="$build/python:$PWD/apps" LD_PRELOAD="$native_frames" PYTHONUNBUFFERED=1
                   "$python" -X faulthandler "$@")
   STAGE_LOG="$stage_log" stage "$name" "$limit" "${captured[@]}"
   tail -3 "$stage_log"

@@ -67,7 +67,7 @@ fi
 
 # The Python package's tests (pytest) and wheel build (scikit-build-core);
 # NumPy (torch.distributed sends Python objects through it) and matplotlib
-# (the plot of python -m prefire.pipeline_bench).
+# (the plot of the pipeline program, apps/pipeline_bench).
 if ! "$VENV/bin/python" -c "import pytest, scikit_build_core, numpy, matplotlib" 2>/dev/null; then
   log "installing pytest, scikit-build-core, numpy and matplotlib into $VENV"
   venv_pip pytest scikit-build-core numpy matplotlib

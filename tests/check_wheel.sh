@@ -3,10 +3,10 @@
 # wheel against the project venv's torch (pip wheel --no-build-isolation
 # --no-deps: the wheel alone, no torch downloaded), makes a new venv,
 # installs the wheel there with pip resolving its one dependency (torch of
-# the release it was built against), and runs a checkpoint and a session
-# there with the installed package (not the build tree's, not the project
-# venv's). CI runs it (.ci/run); a few minutes, most of them the wheel's
-# compile.
+# the release it was built against), checks that it holds the library alone
+# (no program module), and runs a checkpoint there with the installed
+# package (not the build tree's, not the project venv's). CI runs it
+# (.ci/run); a few minutes, most of them the wheel's compile.
 #   tests/check_wheel.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,20 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHAS
   -C build-dir="$tmp/build" >"$tmp/wheel.log" 2>&1 || { tail -50 "$tmp/wheel.log"; exit 1; }
 wheel=$(ls "$tmp"/dist/prefire-*.whl)
 echo "built $(basename "$wheel")"
+# The wheel holds the library alone: the package prefire (its modules, _C, prefire.pipelining,
+# prefire.integrations) and its metadata; the programs beside it (apps/) stay in the checkout.
+"$python" - "$wheel" <<'PY'
+import sys
+import zipfile
+
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+packages = sorted({n.rsplit("/", 1)[0] for n in names if n.endswith(".py")})
+outside = [n for n in names if not (n.startswith("prefire/") or ".dist-info/" in n)]
+programs = [n for n in names if any(p in n for p in ("pipeline_bench", "pipeline_sim", "simulate", "prefire/pipeline/"))]
+assert packages == ["prefire", "prefire/integrations", "prefire/pipelining"], packages
+assert not outside and not programs, (outside, programs)
+print(f"the wheel holds the library alone: {len(names)} files, packages {', '.join(packages)}; no program module")
+PY
 
 python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel" 2>&1 |

@@ -198,6 +198,22 @@ TEST(Plan, ManyBlocksPerMicroBatchKeepWhatNeverMeets) {
   }
 }
 
+TEST(Plan, AnOffloadedBlockHoldsNothingOnTheDeviceAndCostsTheCopiesLeftExposed) {
+  const BlockCost block{.saved_bytes = 100, .input_bytes = 10, .recompute_seconds = 1.0};
+  EXPECT_EQ(prefire::offered_choices(block), (std::vector<prefire::Choice>{prefire::Choice::kKeep,
+                                                                           prefire::Choice::kCheckpoint}));
+  const BlockCost offered = prefire::with_offload(block, 100, 0.5);
+  EXPECT_EQ(offered.offload_bytes, 0);
+  EXPECT_EQ(offered.offload_after_bytes, 0);
+  EXPECT_EQ(offered.offload_moved_bytes, 100);
+  EXPECT_EQ(offered.offload_hidden, prefire::kOffloadHidden);
+  EXPECT_EQ(prefire::choice_seconds(offered, prefire::Choice::kOffload), 0.5 * (1 - prefire::kOffloadHidden));
+  EXPECT_EQ(prefire::offered_choices(offered).back(), prefire::Choice::kOffload);
+  EXPECT_EQ(prefire::copy_seconds(100, 50.0, 100.0), 3.0);
+  EXPECT_THROW(prefire::with_offload(block, -1, 0.5), std::invalid_argument);
+  EXPECT_THROW(prefire::copy_seconds(100, 0.0, 1.0), std::invalid_argument);
+}
+
 TEST(Plan, AllTheMemoryKeepsEverythingAndTheLeastCheckpointsEverything) {
   const auto blocks = transformer(8);
   const int64_t everything = 8 * (12 << 20);

@@ -100,7 +100,7 @@ std::string label(const ModeSpec& spec) {
 // Note [prefire-bench's memory plan]
 // The plan mode is what enable(schedule, memory_budget=...) does for a
 // Python pipeline (Note [A pipeline rank's memory plan] in
-// python/prefire/_pipeline_plan.py), on one stage, by the same C++ rules:
+// python/prefire/pipelining/_plan.py), on one stage, by the same C++ rules:
 // the first step (a warm-up step) checkpoints every block, measures per
 // block its kept bytes (prefire::kept_bytes of its checkpoint), its input's
 // bytes and its forward's time, and lets go of every session after its B
@@ -113,7 +113,7 @@ std::string label(const ModeSpec& spec) {
 // recomputation for W only if the actions up to that W stay within the
 // room the plan leaves the sessions (Plan::room_bytes), every later
 // micro-batch at its floor (prefire::least_session_room, the count of Note
-// [A rank's byte budget] in python/prefire/_budget.py); otherwise it lets
+// [A rank's byte budget] in python/prefire/pipelining/_budget.py); otherwise it lets
 // go (a fresh session, which W recomputes into). The budget covers the
 // census (runtime_stats()'s held bytes: the stage's saved tensors,
 // checkpoint inputs and recomputations).
@@ -235,12 +235,10 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
   const auto opts = at::TensorOptions().device(config.device).dtype(config.model.dtype);
   const auto& m = config.model;
 
-  // plan: whether micro-batch mb's session, after its B at action `at`, may keep its recomputation until its W
+  // plan: whether micro-batch mb's session, after its B at action `at`, keeps its recomputation until its W
   // (Note [prefire-bench's memory plan])
-  auto fits_until_w = [&](int mb, size_t at, const std::vector<bool>& w_recomputes,
-                          const std::vector<bool>& kept_for_w) {
-    size_t w_at = at;
-    while (w_at < passes.size() && !(passes[w_at].first == Pass::kW && passes[w_at].second == mb)) ++w_at;
+  auto keeps_for_w = [&](int mb, size_t at, const std::vector<bool>& w_recomputes,
+                         const std::vector<bool>& kept_for_w) {
     std::vector<prefire::SessionAction> session_actions;
     for (const prefire::RankAction& a : actions) {
       const auto m = static_cast<size_t>(a.micro_batch);
@@ -254,8 +252,7 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
     for (int m = 0; m < mbs; ++m) {
       held[static_cast<size_t>(m)] = prefire::session_stats(w_recomputes[m] ? w_session(m) : session(m)).current_bytes;
     }
-    return prefire::least_session_room(room, session_actions, held, static_cast<int64_t>(at),
-                                       static_cast<int64_t>(at) + 1, static_cast<int64_t>(w_at), false) >= 0;
+    return prefire::keep_for_w(room, session_actions, held, mb, static_cast<int64_t>(at), pass_bytes[mb], {}).keep;
   };
 
   reset_peaks(config.device);
@@ -321,7 +318,7 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
             });
             y[mb].reset();  // the graph belongs to the weight pass now
             if (mode == Mode::kPlan && !handles[mb].empty() &&
-                (measuring || !fits_until_w(mb, action_index, w_recomputes, kept_for_w))) {
+                (measuring || !keeps_for_w(mb, action_index, w_recomputes, kept_for_w))) {
               prefire::clear_session(session(mb));  // W recomputes into a session of its own
               for (const auto& h : handles[mb]) prefire::attach(h, w_session(mb));
               w_recomputes[mb] = true;
@@ -400,16 +397,19 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
                                       .group = 0};
       }
       // one item per (micro-batch, block), as the Python pipeline plans (Note [prefire-bench's memory plan])
-      const std::vector<prefire::BlockCost> items = prefire::per_micro_batch(costs, actions, mbs);
+      const std::vector<prefire::BlockCost> items = prefire::rank_items(costs, actions, mbs);
       result.least_plan_bytes = prefire::least_plan_bytes(items);
       result.budget_bytes = std::max(spec.budget_bytes, result.least_plan_bytes);  // a sweep's lowest point
       const prefire::Plan plan = prefire::plan_for_budget(items, result.budget_bytes);
       result.plan_bytes = plan.peak_bytes;
       room = plan.room_bytes;
+      const prefire::StagePlan stage_plan = prefire::stage_plans(plan, costs, mbs).at(0);  // the one stage
       for (int m = 0; m < mbs; ++m) {
-        const size_t first = static_cast<size_t>(m) * layers;
-        checkpointed[m].assign(plan.checkpointed.begin() + first, plan.checkpointed.begin() + first + layers);
-        pass_bytes[m] = *std::max_element(plan.pass_bytes.begin() + first, plan.pass_bytes.begin() + first + layers);
+        const auto& choices = stage_plan.choices[static_cast<size_t>(m)];
+        for (size_t i = 0; i < layers; ++i) checkpointed[m][i] = choices[i] != prefire::Choice::kKeep;
+        // a micro-batch whose blocks are all kept recomputes nothing, as in the Python pipeline (RankBudget.expect)
+        const bool any = std::find(checkpointed[m].begin(), checkpointed[m].end(), true) != checkpointed[m].end();
+        pass_bytes[m] = any ? stage_plan.pass_bytes : 0;
       }
     }
     // Every step resets the allocator's peaks (CUDA: reserved too): the mode's is the most of its steps'.

@@ -9,6 +9,22 @@
 #include <set>
 #include <stdexcept>
 
+// Costs and plans as JSON, by field name (Note [Costs and plans by name] in
+// python/src/plan_bindings.cpp): each field named once, here.
+namespace prefire {
+NLOHMANN_JSON_SERIALIZE_ENUM(Choice, {{Choice::kKeep, "KEEP"},
+                                      {Choice::kCheckpoint, "CHECKPOINT"},
+                                      {Choice::kSelective, "SELECTIVE"},
+                                      {Choice::kOffload, "OFFLOAD"}})
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(BlockCost, saved_bytes, input_bytes, recompute_seconds, in_flight, group, alive,
+                                   done, saved_after_bytes, input_after_bytes, selective_bytes, selective_seconds,
+                                   selective_after_bytes, offload_bytes, offload_moved_bytes, offload_seconds,
+                                   offload_hidden, offload_after_bytes, passes)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Plan, choices, checkpointed, selective, offloaded, prefire_ahead, peak_bytes,
+                                   recompute_seconds, memory_budget, blocks_bytes, pass_bytes, moment_bytes,
+                                   room_bytes)
+}  // namespace prefire
+
 namespace prefire_bench {
 namespace {
 
@@ -25,31 +41,18 @@ void expect_fields(const json& j, const std::set<std::string>& names, const char
   }
 }
 
+// The fields T is written with.
+template <typename T>
+std::set<std::string> fields_of() {
+  const json written = T{};
+  std::set<std::string> names;
+  for (const auto& [key, value] : written.items()) names.insert(key);
+  return names;
+}
+
 prefire::BlockCost block_cost(const json& j) {
-  expect_fields(j,
-                {"saved_bytes", "input_bytes", "recompute_seconds", "in_flight", "group", "alive", "done",
-                 "saved_after_bytes", "input_after_bytes", "selective_bytes", "selective_seconds",
-                 "selective_after_bytes", "offload_bytes", "offload_moved_bytes", "offload_seconds", "offload_hidden",
-                 "offload_after_bytes", "passes"},
-                "BlockCost");
-  return prefire::BlockCost{.saved_bytes = j["saved_bytes"],
-                            .input_bytes = j["input_bytes"],
-                            .recompute_seconds = j["recompute_seconds"],
-                            .in_flight = j["in_flight"],
-                            .group = j["group"],
-                            .alive = j["alive"],
-                            .done = j["done"],
-                            .saved_after_bytes = j["saved_after_bytes"],
-                            .input_after_bytes = j["input_after_bytes"],
-                            .selective_bytes = j["selective_bytes"],
-                            .selective_seconds = j["selective_seconds"],
-                            .selective_after_bytes = j["selective_after_bytes"],
-                            .offload_bytes = j["offload_bytes"],
-                            .offload_moved_bytes = j["offload_moved_bytes"],
-                            .offload_seconds = j["offload_seconds"],
-                            .offload_hidden = j["offload_hidden"],
-                            .offload_after_bytes = j["offload_after_bytes"],
-                            .passes = j["passes"]};
+  expect_fields(j, fields_of<prefire::BlockCost>(), "BlockCost");
+  return j.get<prefire::BlockCost>();
 }
 
 prefire::RankAction action(const json& j) {
@@ -61,28 +64,6 @@ prefire::RankAction action(const json& j) {
                                     ? prefire::ActionKind::kFullBackward
                                     : throw std::invalid_argument("actions: kind " + kind + " is not F, B, W or BW");
   return {.kind = k, .stage = j.at(1), .micro_batch = j.at(2)};
-}
-
-json plan_json(const prefire::Plan& p) {
-  json choices = json::array();
-  for (prefire::Choice c : p.choices) {
-    choices.push_back(c == prefire::Choice::kKeep         ? "KEEP"
-                      : c == prefire::Choice::kCheckpoint ? "CHECKPOINT"
-                      : c == prefire::Choice::kSelective  ? "SELECTIVE"
-                                                          : "OFFLOAD");
-  }
-  return {{"choices", choices},
-          {"checkpointed", p.checkpointed},
-          {"selective", p.selective},
-          {"offloaded", p.offloaded},
-          {"prefire_ahead", p.prefire_ahead},
-          {"peak_bytes", p.peak_bytes},
-          {"recompute_seconds", p.recompute_seconds},
-          {"memory_budget", p.memory_budget},
-          {"blocks_bytes", p.blocks_bytes},
-          {"pass_bytes", p.pass_bytes},
-          {"moment_bytes", p.moment_bytes},
-          {"room_bytes", p.room_bytes}};
 }
 
 }  // namespace
@@ -101,10 +82,10 @@ void plan_from_file(const std::string& path, std::FILE* out) {
   if (with_actions) {
     std::vector<prefire::RankAction> actions;
     for (const json& a : j["actions"]) actions.push_back(action(a));
-    blocks = prefire::per_micro_batch(blocks, actions, j["micro_batches"]);
+    blocks = prefire::rank_items(blocks, actions, j["micro_batches"]);
   }
   const prefire::Plan plan = prefire::plan_for_budget(blocks, j["memory_budget"]);
-  std::fprintf(out, "%s\n", plan_json(plan).dump().c_str());
+  std::fprintf(out, "%s\n", json(plan).dump().c_str());
 }
 
 }  // namespace prefire_bench

@@ -14,7 +14,7 @@ namespace prefire_bench {
 /// Reads `path`: {"memory_budget": bytes, "blocks": [BlockCost by field name],
 /// "actions": [[kind, stage, micro-batch], ...] (optional; kind F, B, W or
 /// BW), "micro_batches": n (with actions)}; writes the plan to `out`. With
-/// actions the blocks are planned per micro-batch (prefire::per_micro_batch),
+/// actions the blocks are planned per micro-batch (prefire::rank_items),
 /// as the plan mode and the Python pipeline plan them. Throws
 /// std::invalid_argument naming a missing or unknown field.
 void plan_from_file(const std::string& path, std::FILE* out);

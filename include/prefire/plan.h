@@ -109,6 +109,28 @@ int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>
                    int64_t prefire_ahead = 0, Release release = Release::kAtStepEnd,
                    const std::vector<bool>& selective = {});
 
+/// The part of an offloaded block's copies the compute beside them hides: the
+/// copy into the tier, which runs behind the work after the block's forward;
+/// not the fetch, which its backward waits for unless it was prefetched (Note
+/// [Offloaded blocks in a plan]).
+inline constexpr double kOffloadHidden = 0.5;
+
+/// `block` with offloading offered: its copies move `moved_bytes` each way in
+/// `copy_seconds` (both copies, measured on the tier or from copy_seconds()),
+/// kOffloadHidden of that hidden, and it holds nothing on the device from its
+/// forward until its fetch (every storage it saves goes to the tier), nor
+/// after its micro-batch let go. Throws std::invalid_argument on a negative
+/// size or time.
+BlockCost with_offload(BlockCost block, int64_t moved_bytes, double copy_seconds);
+
+/// Seconds to copy `moved_bytes` to a tier at `to_tier` bytes per second and
+/// back at `back` (both > 0).
+double copy_seconds(int64_t moved_bytes, double to_tier, double back);
+
+/// The choices `block` offers: keep and checkpoint, and selective and offload
+/// where its costs have them.
+std::vector<Choice> offered_choices(const BlockCost& block);
+
 /// Seconds choice `choice` adds to a step over keeping `block` (0 kept; its
 /// recomputation; its selective checkpoint's, Note [Selective checkpoints in a
 /// plan]; offloaded, its copies' time the compute does not hide,

@@ -50,11 +50,15 @@ from ._plan import (
     Plan,
     PlannedBlock,
     Release,
+    choice_seconds,
+    copy_seconds,
     describe_plan,
     least_plan_bytes,
+    offered_choices,
     plan_bytes,
     plan_for_budget,
     plan_checkpoints,
+    with_offload,
 )
 from ._selective import MATMUL_AND_ATTENTION
 from ._schedule import (
@@ -98,12 +102,15 @@ __all__ = [
     "checkpoint",
     "checkpoint_sequential",
     "checkpoint_wrapper",
+    "choice_seconds",
     "clear_session",
+    "copy_seconds",
     "collect",
     "count_cpu_allocations",
     "describe_plan",
     "discard_session",
     "least_plan_bytes",
+    "offered_choices",
     "plan_bytes",
     "plan_checkpoints",
     "plan_for_budget",
@@ -115,5 +122,6 @@ __all__ = [
     "session_stats",
     "set_recompute_observer",
     "set_session_budget",
+    "with_offload",
     "cuda",
 ]

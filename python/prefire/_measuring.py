@@ -1,5 +1,5 @@
 """What the plain planner (``_plan.py``) and the pipeline planner
-(``_pipeline_plan.py``) measure of a block in a measuring step, and the
+(``pipelining/_plan.py``) measure of a block in a measuring step, and the
 checks of the budget both take: one place for both.
 
 A block's measuring forward runs checkpointed, timed (synchronised on CUDA:
@@ -23,12 +23,6 @@ from ._checkpoint import checkpoint_bytes
 from ._selective import ModeCosts, probing, selective_cost
 
 Signature = Tuple[Any, ...]  # the shapes, dtypes and devices of a step's (or stage's) first inputs
-
-#: What both planners take the compute beside an offloaded block's copies to hide: the copy into the tier, which runs
-#: on the tier's worker or copy stream during the work that follows the block's forward; not the fetch, which the
-#: block's backward waits for unless it was prefetched (Note [Offloaded blocks in a plan] in src/plan/plan_bytes.cpp).
-OFFLOAD_HIDDEN = 0.5
-
 
 @dataclass(frozen=True)
 class Measured:

@@ -66,7 +66,7 @@ from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch
 
 from . import _C, _schedule
 from ._checkpoint import CheckpointWrapper, checkpoint
-from ._measuring import OFFLOAD_HIDDEN, check_memory_budget, measure, signature, tensors
+from ._measuring import check_memory_budget, measure, signature, tensors
 from ._selective import Policy, context_fn, mode_costs, policy
 
 BlockCost = _C.BlockCost
@@ -97,6 +97,32 @@ def plan_bytes(blocks: Sequence[BlockCost], checkpointed: Sequence[bool], prefir
     """What the plan ``checkpointed`` holds at most; ``selective``: per
     block, whether its checkpoint is the selective one (empty: none is)."""
     return _C.plan_bytes(list(blocks), list(checkpointed), prefire_ahead, release, list(selective))
+
+
+def choice_seconds(block: BlockCost, choice: Choice) -> float:
+    """Seconds ``choice`` adds to a step over keeping ``block`` (its
+    recomputation; offloaded, its copies' time the compute does not hide)."""
+    return _C.choice_seconds(block, choice)
+
+
+def offered_choices(block: BlockCost) -> List[Choice]:
+    """The choices ``block`` offers: keep and checkpoint, and selective and
+    offload where its costs have them."""
+    return _C.offered_choices(block)
+
+
+def with_offload(block: BlockCost, *, moved_bytes: int, copy_seconds: float) -> BlockCost:
+    """``block`` with offloading offered: its copies move ``moved_bytes``
+    each way in ``copy_seconds`` (both copies), as a plan counts an
+    offloaded block (Note [Offloaded blocks in a plan] in
+    src/plan/plan_bytes.cpp)."""
+    return _C.with_offload(block, moved_bytes=moved_bytes, copy_seconds=copy_seconds)
+
+
+def copy_seconds(moved_bytes: int, to_tier: float, back: float) -> float:
+    """Seconds to copy ``moved_bytes`` to a tier at ``to_tier`` bytes per
+    second and back at ``back``."""
+    return _C.copy_seconds(moved_bytes, to_tier, back)
 
 
 def describe_plan(blocks: Sequence[BlockCost], choices: Sequence[Choice], memory_budget: int, prefire_ahead: int = 0,
@@ -216,15 +242,13 @@ class MemoryPlanner:
             raise RuntimeError(f"prefire.plan_checkpoints: block {index} made {len(handles)} outermost checkpoints "
                                f"where its checkpoint should be the one (is it inside another checkpoint?)")
         saved_bytes = _C.kept_bytes(handles[0])
-        offload = {}
-        if self._offload_to is not None:
-            offload = dict(offload_bytes=0, offload_moved_bytes=saved_bytes,
-                           offload_seconds=self._offload_to.measure_copy_seconds(saved_bytes),
-                           offload_hidden=OFFLOAD_HIDDEN)
-        measuring.costs[index] = BlockCost(saved_bytes=saved_bytes, input_bytes=measured.input_bytes,
-                                           recompute_seconds=measured.seconds,
-                                           selective_bytes=measured.selective_bytes,
-                                           selective_seconds=measured.selective_seconds, **offload)
+        cost = BlockCost(saved_bytes=saved_bytes, input_bytes=measured.input_bytes,
+                         recompute_seconds=measured.seconds, selective_bytes=measured.selective_bytes,
+                         selective_seconds=measured.selective_seconds)
+        if self._offload_to is not None:  # an offload moves what keeping it holds, each way
+            cost = _C.with_offload(cost, moved_bytes=saved_bytes,
+                                   copy_seconds=self._offload_to.measure_copy_seconds(saved_bytes))
+        measuring.costs[index] = cost
         if index == self.blocks - 1:
             self._choose(measuring)
         return out

@@ -44,7 +44,7 @@
 //    Plan::room_bytes[t] = budget - the more of moment_bytes[t - 1] and
 //    moment_bytes[t] (the action ending at t begins with the first and
 //    ends with the second), which Note [A rank's byte budget] in
-//    python/prefire/_budget.py spends action by action;
+//    python/prefire/pipelining/_budget.py spends action by action;
 //  * kInBackward (one backward pass of one micro-batch, last block first):
 //    block j's backward finds only blocks 0..j holding (the blocks above it
 //    let go after their backward), so a plan holds the most of
@@ -78,19 +78,27 @@
 // A block may have a fourth choice (BlockCost::offload_bytes >= 0): offloaded
 // (Note [Offloading a checkpoint] in src/checkpoint/offloaded_slots.cpp), its
 // saved tensors copied to a host tier in forward and fetched back for its
-// backward (it keeps no inputs). Between the two it holds offload_bytes on the device
-// (what the tier does not take); its fetch is charged the block's saved bytes
-// where a recomputation would be, in its pass and as a prefire when fetched
-// ahead, since the fetched copy is what the recomputation would have made.
-// What it costs a step is the copies' time the compute beside them does not
-// hide: offload_seconds * (1 - offload_hidden), the one measure the planner
-// weighs every choice by (Plan::recompute_seconds, "seconds added"). The
-// planner does not decide what hides the copies: the caller measures the
-// bandwidth (offload_seconds) and states the hidden part; a pipeline rank
-// hides a copy in the waits between a micro-batch's F and its B (the waits
-// the bubble filler uses), a plain model's backward hides a fetch behind the
-// backward of the blocks above it. offload_bytes -1 (the default) offers no
-// offload, so no plan chooses it without its costs.
+// backward; it recomputes nothing. The rules, each in with_offload() or here:
+//  1. Between the two copies it holds nothing on the device: every storage it
+//     saves, its inputs among them, goes to the tier (offload_bytes 0), and
+//     nothing after its micro-batch let go.
+//  2. Its fetch is charged the block's saved bytes where a recomputation would
+//     be, in its pass and as a prefire when fetched ahead: the fetched copy is
+//     what the recomputation would have made.
+//  3. It costs a step the copies' time the compute beside them does not hide,
+//     offload_seconds * (1 - offload_hidden), weighed against the other
+//     choices by that one measure (Plan::recompute_seconds, "seconds added").
+//  4. offload_hidden is kOffloadHidden, one half: the copy into the tier runs
+//     on the tier's worker or copy stream behind the work after the block's
+//     forward; the fetch is on the critical path of the backward that needs
+//     it (a plain model's backward fetches each block when it reaches it, and
+//     a pipeline's B too, unless a bubble prefire fetched it ahead: then more
+//     is hidden than the plan counts).
+//  5. offload_seconds is both copies of the block's saved storages: measured
+//     on the tier (OffloadTier::measure_copy_seconds) or, for an assumed tier,
+//     copy_seconds() from a bandwidth each way.
+// offload_bytes -1 (the default) offers no offload, so no plan chooses it
+// without its costs.
 //
 
 namespace prefire::plan_detail {
@@ -388,6 +396,8 @@ namespace prefire {
 
 using plan_detail::Choices;
 
+std::vector<Choice> offered_choices(const BlockCost& block) { return plan_detail::options_of(block); }
+
 double choice_seconds(const BlockCost& b, Choice c) {
   switch (c) {
     case Choice::kKeep:
@@ -400,6 +410,26 @@ double choice_seconds(const BlockCost& b, Choice c) {
       return b.offload_seconds * (1 - b.offload_hidden);
   }
   return 0.0;
+}
+
+BlockCost with_offload(BlockCost block, int64_t moved_bytes, double copy_seconds) {
+  if (moved_bytes < 0 || !(copy_seconds >= 0)) {
+    throw std::invalid_argument("prefire::with_offload: moved_bytes " + std::to_string(moved_bytes) +
+                                " and copy_seconds " + std::to_string(copy_seconds) + " must be >= 0");
+  }
+  block.offload_bytes = 0;  // Note [Offloaded blocks in a plan], rule 1
+  block.offload_after_bytes = 0;
+  block.offload_moved_bytes = moved_bytes;
+  block.offload_seconds = copy_seconds;
+  block.offload_hidden = kOffloadHidden;
+  return block;
+}
+
+double copy_seconds(int64_t moved_bytes, double to_tier, double back) {
+  if (moved_bytes < 0 || !(to_tier > 0) || !(back > 0)) {
+    throw std::invalid_argument("prefire::copy_seconds: moved_bytes must be >= 0 and both bandwidths > 0");
+  }
+  return static_cast<double>(moved_bytes) / to_tier + static_cast<double>(moved_bytes) / back;
 }
 
 int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed,

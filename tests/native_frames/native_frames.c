@@ -16,10 +16,11 @@
 // installed after this one (at interpreter start), dumps every thread's
 // Python frames, puts this handler back and raises the signal again.
 //
-// Note [Formatting in a signal handler]: snprintf and dladdr are not
-// async-signal-safe. The process is about to die of a fault and what matters
-// is the report, so the handler takes that risk; backtrace() is called once
-// at load so that its unwinder (libgcc_s) is loaded before any fault.
+// Note [Formatting in a signal handler]
+// snprintf and dladdr are not async-signal-safe. The process is about to die
+// of a fault and what matters is the report, so the handler takes that risk;
+// backtrace() is called once at load so that its unwinder (libgcc_s) is
+// loaded before any fault.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <execinfo.h>

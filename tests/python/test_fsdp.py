@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from prefire._process_exit import exit_process
+from pipeline_bench.process_exit import exit_process
 
 DIM = 16
 BLOCKS = 3

@@ -284,7 +284,7 @@ def test_zbv_with_offloaded_blocks_fetches_each_once_per_micro_batch_and_matches
     from test_pipelining import TINY, count_runs, zbv_one_rank
 
     from prefire import pipelining
-    from prefire.pipeline_bench.model import reference_gradients
+    from pipeline_bench.model import reference_gradients
 
     expected = reference_gradients(TINY)
     schedule, modules, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x, offload_to=tier))
@@ -336,10 +336,10 @@ def test_a_pipeline_plan_at_a_budget_only_offloading_fits_holds_it_with_exact_gr
         assert all(torch.equal(grads[n], expected[n]) for n in expected), step
     plan = run.sessions.plan
     assert plan.plan.peak_bytes <= least
-    assert any(o for per_stage in plan.offloaded.values() for blocks in per_stage for o in blocks), plan.offloaded
+    assert any(c == prefire.Choice.OFFLOAD for p in plan.stages.values() for blocks in p.choices for c in blocks)
     assert all(c.offload_seconds > 0 and c.offload_bytes == 0 for c in plan.costs)
     assert prefire.runtime_stats().offload_fetches > fetches
-    assert "offloaded" in pipelining.describe(plan, least)
+    assert "offloaded" in run.sessions.describe_plan()
     run.close()
 
 
@@ -362,10 +362,10 @@ def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradi
     gradients equal the single-process reference; at the least, a rank whose
     budget only a plan with offload fits offloads. The simulator's search and
     its predictions of both plans on more ranks take the run's costs."""
-    from prefire.pipeline_bench import run
-    from prefire.pipeline_bench.config import RunConfig
-    from prefire.pipeline_bench.model import ModelConfig
-    from prefire.pipeline_bench.sweep import rows
+    from pipeline_bench import run
+    from pipeline_bench.config import RunConfig
+    from pipeline_bench.model import ModelConfig
+    from pipeline_bench.sweep import rows
 
     tiny = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
     cfg = RunConfig(model=tiny, schedule="zbv", modes=("none", "torch", "session", "plan", "plan-offload"),
@@ -380,23 +380,22 @@ def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradi
     # offloads fits (which blocks, above it, is the measured times' call)
     least = list(zip(sweep["plan-offload 0%"]["budgets"], sweep["plan 0%"]["budgets"]))
     assert all(o <= p for o, p in least) and any(o < p for o, p in least), least
-    for (o, p), rank in zip(least, sweep["plan-offload 0%"]["plan_offloaded"]):
+    for (o, p), rank in zip(least, sweep["plan-offload 0%"]["plan"]):
         if o < p:
-            assert any(off for per_stage in rank.values() for blocks in per_stage for off in blocks), rank
+            assert any(c == "OFFLOAD" for per_stage in rank.values() for blocks in per_stage for c in blocks), rank
     # the simulator's search tries offloading as a fourth choice; over a tier far slower than a
     # recomputation (an assumed bandwidth) its best plan at half of none's offloads nothing
-    from prefire._pipeline_costs import OFFLOAD
-    from prefire.pipeline_bench.plan_search import search
+    from pipeline_sim.plan_search import search
 
     searched = {row["name"]: row for row in search(summary)}
     assert {"plan-offload 0%", "plan-offload 50%"} <= set(searched)
     slow = {row["name"]: row for row in search(summary, bandwidth=1e3)}
-    assert not any(o == OFFLOAD for per_micro_batch in slow["plan-offload 50%"]["best"] for o in per_micro_batch)
+    assert not any(o == prefire.Choice.OFFLOAD for per_micro_batch in slow["plan-offload 50%"]["best"] for o in per_micro_batch)
     # predictions on more ranks: both plans per rank within their budgets by the planner's count (or at their least
     # where they cannot hold it, said so), never faster than no checkpointing in the replay; offloading never
     # raises the least a plan holds; over the slow tier nothing is offloaded
-    from prefire.pipeline_bench.plan_predict import predict_plans
-    from prefire.pipeline_bench.simulate import main as simulate
+    from pipeline_sim.plan_predict import predict_plans
+    from pipeline_sim.cli import main as simulate
 
     for world in (2, 4):
         rows = predict_plans(summary, world, [0.25, 0.5])

@@ -51,7 +51,7 @@ def test_the_type_stubs_name_what_the_extension_module_has():
         stub = ast.parse(f.read())
     names = [n.name for n in stub.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))]
     assert names and [n for n in names if not hasattr(_C, n)] == []
-    for cls in (n for n in stub.body if isinstance(n, ast.ClassDef) and n.name in ("BlockCost", "Plan")):
+    for cls in (n for n in stub.body if isinstance(n, ast.ClassDef) and n.name in ("BlockCost", "Plan", "StagePlan")):
         init = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
         assert [a.arg for a in init.args.kwonlyargs] == list(getattr(_C, cls.name).FIELDS), cls.name
 

@@ -3,7 +3,7 @@
 with that rank's exception and traceback; the launcher killed by SIGTERM or
 SIGKILL, during start-up or mid-run, leaves no process and no temporary file
 10 s later (Note [No process outlives the launcher] in
-python/prefire/pipeline_bench/launch.py). Linux, CPU, Gloo over loopback."""
+apps/pipeline_bench/launch.py). Linux, CPU, Gloo over loopback."""
 
 import os
 import signal
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from prefire.pipeline_bench import run
-from prefire.pipeline_bench.config import RunConfig
-from prefire.pipeline_bench.model import ModelConfig
+from pipeline_bench import run
+from pipeline_bench.config import RunConfig
+from pipeline_bench.model import ModelConfig
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
@@ -41,7 +41,7 @@ def test_a_failing_rank_is_reported_with_its_exception_first(where, modes, expec
     with pytest.raises(RuntimeError) as raised:
         run(cfg, world=2)
     report = str(raised.value)
-    assert report.startswith("prefire.pipeline_bench: rank ")
+    assert report.startswith("pipeline_bench: rank ")
     head = report.split("Its last output lines:")[0]
     assert "Its exception:\nTraceback (most recent call last):" in head
     assert "InjectedFault: " + expected in head, report
@@ -80,7 +80,7 @@ def test_killed_launcher_leaves_no_process_and_no_file(sig, when, tmp_path):
     env = dict(os.environ, TMPDIR=str(work))
     env.pop("PREFIRE_PIPELINE_FAULT", None)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "prefire.pipeline_bench", "--modes", "none", "--steps", "100000", "--warmup", "0",
+        [sys.executable, "-m", "pipeline_bench", "--modes", "none", "--steps", "100000", "--warmup", "0",
          "--blocks", "4", "--dim", "32", "--heads", "2", "--seq", "16", "--vocab", "64", "--batch", "4",
          "--micro-batches", "2", "--timeout", "300"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -4,6 +4,7 @@ schedule whose two stages share this rank: the budget holds at every step,
 the measuring one included, gradients stay exact under every plan, a shape
 change re-plans, and a budget below the least plan says that least."""
 
+import contextlib
 import functools
 import random
 import statistics
@@ -15,10 +16,11 @@ from torch.distributed import pipelining as pp
 from torch.utils._pytree import tree_flatten
 
 import prefire
-from prefire import _pipeline_plan, pipelining
+from prefire import pipelining
+from prefire.pipelining import _plan as _pipeline_plan
 from prefire._selective import ModeCosts
-from prefire.pipeline_bench.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
-from prefire.pipeline_bench.sweep import plan_letters
+from pipeline_bench.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
+from pipeline_bench.sweep import plan_letters
 
 TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
 
@@ -86,15 +88,18 @@ class Run:
 
 
 def bounds(modules, loss, batch, selective=None):
-    """The least budget (what checkpointing every block holds, as the
-    measuring step does) and what keeping every block holds, from a
-    measuring step."""
+    """From a measuring step: the least budget every step holds, the
+    measuring one included (what it holds, checkpointing every block; the
+    least any plan holds may be lower, then the measuring step holds more
+    than such a budget), what keeping every block holds, and the least any
+    plan holds."""
     run = Run(modules, loss, batch, memory_budget=1 << 40, selective=selective)
     run.step()
     costs = run.sessions.plan.costs
+    least = run.sessions.least_memory_budget()
     run.close()
-    return (prefire.plan_bytes(costs, [True] * len(costs)),
-            prefire.plan_bytes(costs, [False] * len(costs)))
+    measuring = prefire.plan_bytes(costs, [True] * len(costs))
+    return max(least, measuring), prefire.plan_bytes(costs, [False] * len(costs)), least
 
 
 def sweep(make, steps=3, selective=None, at=(0.0, 0.25, 0.5, 0.75, 1.0)):
@@ -104,7 +109,7 @@ def sweep(make, steps=3, selective=None, at=(0.0, 0.25, 0.5, 0.75, 1.0)):
     selectively)."""
     modules, loss, batch, _ = make(None)
     expected, _ = Run([unchecked(m) for m in modules], loss, batch).step()
-    least, most = bounds(*make(None)[:3], selective=selective)
+    least, most, _ = bounds(*make(None)[:3], selective=selective)
     assert least < most
     plans = set()
     for share in at:
@@ -117,14 +122,17 @@ def sweep(make, steps=3, selective=None, at=(0.0, 0.25, 0.5, 0.75, 1.0)):
             assert all(torch.equal(grads[n], expected[n]) for n in expected), (share, step)
         plan = run.sessions.plan
         assert plan.plan.peak_bytes <= budget
-        plans.add(tuple(plan_letters(ck, plan.selective[stage]) for stage, ck in plan.checkpointed.items()))
+        plans.add(tuple(plan_letters(p.to_dict()["choices"]) for p in plan.stages.values()))
         run.close()
     return plans
 
 
-def checkpoints(checkpointed):
-    """How many (stage, micro-batch, block) a plan checkpoints."""
-    return sum(c for per_micro_batch in checkpointed.values() for blocks in per_micro_batch for c in blocks)
+def checkpoints(plan):
+    """How many (stage, micro-batch, block) a plan checkpoints: ``plan`` per
+    stage, micro-batch and block, whether checkpointed (``RankPlan.checkpointed``)
+    or the choice by name (the pipeline program's JSON)."""
+    return sum(c not in (False, "KEEP") for per_micro_batch in plan.values() for blocks in per_micro_batch
+               for c in blocks)
 
 
 def unchecked(module):
@@ -264,7 +272,7 @@ def test_the_budget_holds_on_random_block_sizes(one_rank, seed):
 
 def test_a_shape_change_measures_and_plans_again_and_each_shape_keeps_its_plan(one_rank):
     modules, loss, (tokens, targets), _ = planned_gpt(None)
-    least, most = bounds(*planned_gpt(None)[:3])
+    least, most, _ = bounds(*planned_gpt(None)[:3])
     run = Run(modules, loss, (tokens, targets), memory_budget=(least + most) // 2)
     short = (tokens[:, :8].contiguous(), targets[:, :8].contiguous())
     run.step()
@@ -296,17 +304,31 @@ def test_a_shape_change_measures_and_plans_again_and_each_shape_keeps_its_plan(o
 
 
 def test_a_budget_below_the_least_plan_says_the_least_and_the_least_works(one_rank):
-    least, _ = bounds(*planned_gpt(None)[:3])
+    """The least budget is the least any plan holds (the planner's rule, as
+    a plain model's): below it a ValueError names it; at it the later steps
+    hold it, and the measuring step, which checkpoints every block and here
+    holds more, says so."""
+    every_step, _, least = bounds(*planned_gpt(None)[:3])
     run = Run(*planned_gpt(None)[:3], memory_budget=least - 1)
-    with pytest.raises(ValueError, match=f"memory_budget={least - 1} bytes is below what this rank's blocks hold "
-                                         f"with every one checkpointed, as a measuring step runs them: {least} bytes"):
+    with pytest.raises(ValueError, match=f"memory_budget={least - 1} bytes is below the least any plan of this "
+                                         f"rank's blocks holds: {least} bytes"):
         run.step()
     run.close()
     run = Run(*planned_gpt(None)[:3], memory_budget=least)
+    with pytest.warns(UserWarning, match=f"the measuring step checkpointed every block and held up to {every_step} "
+                                         f"bytes, above memory_budget={least}") if least < every_step else \
+            contextlib.nullcontext():
+        _, held = run.step()
+    assert held <= every_step
     for _ in range(2):
         _, held = run.step()
         assert held <= least
     assert run.sessions.plan.plan.peak_bytes <= least
+    run.close()
+    run = Run(*planned_gpt(None)[:3], memory_budget=every_step)  # every step within it, the measuring one too
+    for _ in range(2):
+        _, held = run.step()
+        assert held <= every_step
     assert "stage 0: checkpoints [0, 1] of 2 blocks" in run.sessions.describe_plan()
     run.close()
 
@@ -347,10 +369,10 @@ def test_a_forward_that_changes_its_checkpoint_calls_is_refused(one_rank):
 
 
 def test_the_memory_sweep_on_two_ranks_holds_every_budget_with_exact_gradients(no_children_left):
-    from prefire.pipeline_bench import run
-    from prefire.pipeline_bench.config import RunConfig
-    from prefire.pipeline_bench.plan_search import search
-    from prefire.pipeline_bench.sweep import TORCH, rows, table
+    from pipeline_bench import run
+    from pipeline_bench.config import RunConfig
+    from pipeline_sim.plan_search import search
+    from pipeline_bench.sweep import TORCH, rows, table
 
     cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=TORCH + ("session", "plan", "plan-selective"),
                     memory_budgets=(0.0, 0.5, 2.0), meter_blocks=True, steps=2, warmup=2, timeout_s=120)
@@ -395,9 +417,9 @@ def test_a_uniform_budget_gives_every_rank_the_share_of_the_most_none_held_on_an
     """uniform_budget: one budget for every rank (what an SPMD script passes),
     a share of the most none held on any rank, where the default gives each
     rank a share of its own."""
-    from prefire.pipeline_bench import run
-    from prefire.pipeline_bench.config import RunConfig
-    from prefire.pipeline_bench.sweep import rows
+    from pipeline_bench import run
+    from pipeline_bench.config import RunConfig
+    from pipeline_bench.sweep import rows
 
     summaries = {uniform: run(RunConfig(model=TINY, schedule="zbv", modes=("none", "plan"), memory_budgets=(1.0,),
                                         uniform_budget=uniform, meter_blocks=True, steps=2, warmup=2,
@@ -417,9 +439,9 @@ def test_bubble_prefires_under_a_memory_budget_keep_it_on_two_ranks_with_exact_g
     """enable(schedule, bubble=True, memory_budget=...): bubble prefires
     hold their recomputations in the sessions, within what the plan left
     them; the budget holds in every step and the gradients stay exact."""
-    from prefire.pipeline_bench import run
-    from prefire.pipeline_bench.config import RunConfig
-    from prefire.pipeline_bench.sweep import rows
+    from pipeline_bench import run
+    from pipeline_bench.config import RunConfig
+    from pipeline_bench.sweep import rows
 
     cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("none", "plan-bubble"), memory_budgets=(0.0, 0.5),
                     meter_blocks=True, steps=3, warmup=3, timeout_s=120)
@@ -460,7 +482,7 @@ def keep_last_stage_graphs(patch):
 
     patch.setattr(pp.PipelineStage, "forward_one_chunk", forward_keeping)
     patch.setattr(pp.PipelineStage, "clear_runtime_states", clear_dropping)
-    patch.setattr(pipelining, "let_go_of_graph", lambda stage, schedule, micro_batch: False)
+    patch.setattr(pipelining._enable, "let_go_of_graph", lambda stage, schedule, micro_batch: False)
 
 
 def test_the_last_stage_is_counted_by_what_its_blocks_hold_after_w_once_seen(one_rank, monkeypatch):

@@ -2,7 +2,7 @@
 
 In one process: a ZBV schedule whose two stages share the rank (no
 receives), where sessions alone decide the recomputation count. Across
-processes: the pipeline program (prefire.pipeline_bench) on 2 ranks over Gloo,
+processes: the pipeline program (apps/pipeline_bench) on 2 ranks over Gloo,
 every mode, started and torn down by the test."""
 
 import re
@@ -14,9 +14,9 @@ from torch.distributed import pipelining as pp
 
 import prefire
 from prefire import pipelining
-from prefire.pipeline_bench import run
-from prefire.pipeline_bench.config import RunConfig
-from prefire.pipeline_bench.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
+from pipeline_bench import run
+from pipeline_bench.config import RunConfig
+from pipeline_bench.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
 
 TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
 
@@ -130,14 +130,14 @@ def test_enable_errors(one_rank):
 
 def test_enable_refuses_a_torch_outside_the_tested_range_and_nothing_inside_it(monkeypatch):
     for version in ("2.11.0", "2.12.1", "2.14.1+cu130", "2.15.0", "2.15.3+cpu"):
-        pipelining._check_torch_version(version)
+        pipelining._hook_points._check_torch_version(version)
     for version in ("2.10.2+cpu", "2.16.0", "3.0.0"):
         with pytest.raises(RuntimeError, match=re.escape(
                 "prefire.pipelining is tested with torch 2.11 to 2.15 (CI runs 2.11.0, 2.14.1, 2.15.0); "
                 f"this is torch {version}. It hooks into")):
-            pipelining._check_torch_version(version)
+            pipelining._hook_points._check_torch_version(version)
     monkeypatch.setenv("PREFIRE_PIPELINING_UNTESTED_TORCH", "1")
-    pipelining._check_torch_version("2.16.0")
+    pipelining._hook_points._check_torch_version("2.16.0")
 
 
 def test_enable_refuses_a_stage_whose_hook_point_moved(one_rank, monkeypatch):
@@ -187,10 +187,10 @@ def test_enable_warns_when_the_first_step_makes_no_prefire_checkpoint(one_rank):
 def test_budgeted_sessions_leave_no_budget_behind(one_rank):
     schedule, _, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x))
     sessions = pipelining.enable(schedule, bubble=True, budget_bytes=1 << 20)
-    first = next(pipelining._session_ids)
+    first = next(pipelining._sessions._session_ids)
     step()
     step()
-    last = next(pipelining._session_ids)
+    last = next(pipelining._sessions._session_ids)
     assert sessions.stats().sessions == last - first - 1 > 0
     # a session that kept its budget would stay in the registry for good
     assert all(prefire.session_stats(i).budget_bytes is None for i in range(first, last))
@@ -207,7 +207,7 @@ def test_a_budget_below_one_pass_keeps_nothing_for_w_and_says_so(one_rank):
     step()
     unbudgeted = dict(runs)
     assert set(unbudgeted.values()) == {2 * TINY.micro_batches}  # forward and one recomputation
-    one_pass = sessions.budget.pass_bytes
+    one_pass = sessions.floor_bytes
     assert one_pass > 0 and prefire.runtime_stats().peak_held_bytes == one_pass
 
     sessions.set_budget_bytes(0)
@@ -275,7 +275,7 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
     assert summary["noisy"] == (h is not None and bound is not None and h > bound + 0.01)
     assert set(summary["rounds"]["step_s"]) == set(summary["modes"])
     assert all(v["min"] <= v["max"] and len(v["per_round"]) == 1 for v in summary["rounds"]["step_s"].values())
-    from prefire.pipeline_bench.report import table
+    from pipeline_bench.report import table
 
     text = table(summary)
     assert "step ms over 1 round (min-max)" in text
@@ -318,7 +318,7 @@ def test_held_bytes_fall_with_the_budget_down_to_one_pass_on_two_ranks(no_childr
     assert fell  # a rank that held more than one pass with sessions alone
     # rank 1's stages both split B and W: at budget 0 each block is recomputed for B and again for W
     assert set(modes["budget 0%"]["ranks"][1]["recomputations_per_block_per_micro_batch"].values()) == {2}
-    from prefire.pipeline_bench.report import table
+    from pipeline_bench.report import table
 
     text = table(summary)
     sweep = text[text.index("budget sweep, per rank"):].splitlines()
@@ -339,7 +339,7 @@ def test_eval_after_training_with_bubbles_recomputes_nothing(no_children_left):
 
 
 def test_hideable_recomputation_fills_waits_with_forwarded_micro_batches_whose_backward_comes_first():
-    from prefire.pipeline_bench.report import hideable_s
+    from pipeline_bench.report import hideable_s
 
     # two micro-batches' checkpoints, 1 s of recomputation each
     events = [
@@ -368,7 +368,7 @@ def test_a_rank_past_its_deadline_ends_the_run_and_leaves_no_process(no_children
 
 
 def test_an_h_above_its_bound_is_reported_as_a_noisy_run_with_the_spread_across_rounds():
-    from prefire.pipeline_bench.report import summarize, table
+    from pipeline_bench.report import summarize, table
 
     def ranks(step_s, hideable_s=0.1):
         return [{"rank": r, "stages": [r], "step_s": step_s, "hideable_s": hideable_s, "timeline": {},
@@ -412,8 +412,8 @@ def test_an_h_above_its_bound_is_reported_as_a_noisy_run_with_the_spread_across_
 
 
 def test_the_program_says_every_flag_with_its_default_and_one_list_of_modes(capsys):
-    from prefire.pipeline_bench.config import MODES, PLACED_MODE, SWEEP_MODES
-    from prefire.pipeline_bench.main import main
+    from pipeline_bench.config import MODES, PLACED_MODE, SWEEP_MODES
+    from pipeline_bench.main import main
 
     with pytest.raises(SystemExit) as exited:
         main(["--help"])
@@ -432,13 +432,25 @@ def test_the_program_says_every_flag_with_its_default_and_one_list_of_modes(caps
     assert "choose from " + ", ".join(known) in said
 
 
-def test_the_old_program_name_says_what_replaced_it():
-    import importlib
-    import sys
+def test_the_package_holds_the_library_and_the_programs_stand_beside_it():
+    """The pipeline program and its simulator are apps/pipeline_bench and
+    apps/pipeline_sim, not modules of the package (the wheel holds the
+    library alone: tests/check_wheel.sh), and they reach it by public names."""
+    import importlib.util
+    import pathlib
+    import re
 
-    sys.modules.pop("prefire.pipeline", None)
-    with pytest.raises(ImportError, match="renamed prefire.pipeline_bench.*python -m prefire.pipeline_bench"):
-        importlib.import_module("prefire.pipeline")
+    import pipeline_bench
+    import pipeline_sim
+
+    for gone in ("prefire.pipeline_bench", "prefire.pipeline", "prefire.simulate"):
+        assert importlib.util.find_spec(gone) is None, gone
+    apps = pathlib.Path(pipeline_bench.__file__).parents[1]
+    assert pathlib.Path(pipeline_sim.__file__).parents[1] == apps and not (apps / "__init__.py").exists()
+    private = re.compile(r"^\s*(from|import)\s+(prefire\._|prefire\.\w+\._|\.\._)|prefire\._C\b", re.M)
+    offending = [f"{path.relative_to(apps)}: {m.group(0).strip()}" for path in sorted(apps.rglob("*.py"))
+                 for m in private.finditer(path.read_text())]
+    assert offending == []
 
 
 def test_program_rejects_what_it_cannot_run():
@@ -476,21 +488,14 @@ class FakeWork:
         return self.completed
 
 
-class FakeSchedule:
-    """pipeline_order_with_comms of one rank: B of (stage 1, mb 0), then of (1, 1)."""
-
-    rank = 0
-
-    def __init__(self):
-        from torch.distributed.pipelining.schedules import _Action, BACKWARD_INPUT, FORWARD
-
-        order = [_Action(1, FORWARD, 0), _Action(1, BACKWARD_INPUT, 0), _Action(1, BACKWARD_INPUT, 1)]
-        self.pipeline_order_with_comms = {0: order}
+#: one rank's order: F of (stage 1, mb 0), B of (1, 0), then of (1, 1)
+ORDER = [("F", 1, 0), ("B", 1, 0), ("B", 1, 1)]
 
 
 def test_bubble_filler_prefires_the_next_backward_at_its_receive_and_others_within_measured_slack():
-    from prefire._bubbles import BubbleFiller
-    from prefire.pipelining import PipelineStats, _MicroBatch
+    from prefire.pipelining._bubbles import BubbleFiller
+    from prefire.pipelining import PipelineStats
+    from prefire.pipelining._sessions import _MicroBatch
 
     clock = [0.0]
     prefired = []
@@ -503,7 +508,7 @@ def test_bubble_filler_prefires_the_next_backward_at_its_receive_and_others_with
 
     mbs = {(1, 0): _MicroBatch(10, ["a0", "b0", "c0"]), (1, 1): _MicroBatch(11, ["refuse", "b1"])}
     stats = PipelineStats()
-    filler = BubbleFiller(FakeSchedule(), lambda s, m: mbs.get((s, m)), stats, prefire_fn, lambda: clock[0])
+    filler = BubbleFiller(ORDER, lambda s, m: mbs.get((s, m)), stats, prefire_fn, lambda: clock[0])
 
     def wait(kind, stage, mb, waited, works=()):
         filler.before_wait(kind, stage, mb, list(works))
@@ -549,8 +554,9 @@ def test_bubble_filler_prefires_the_next_backward_at_its_receive_and_others_with
 def test_bubble_filler_passes_over_a_micro_batch_whose_prefire_would_issue_a_collective():
     """An FSDP2 stage with a resharded module (ready() False): neither rule
     prefires it, the receive's own nor a timed one; once ready, both do."""
-    from prefire._bubbles import BubbleFiller
-    from prefire.pipelining import PipelineStats, _MicroBatch
+    from prefire.pipelining._bubbles import BubbleFiller
+    from prefire.pipelining import PipelineStats
+    from prefire.pipelining._sessions import _MicroBatch
 
     clock = [0.0]
     prefired = []
@@ -563,7 +569,7 @@ def test_bubble_filler_passes_over_a_micro_batch_whose_prefire_would_issue_a_col
 
     mbs = {(1, 0): _MicroBatch(10, ["a0", "b0"], ready=lambda: gathered[0]),
            (1, 1): _MicroBatch(11, ["a1", "b1"], ready=lambda: gathered[0])}
-    filler = BubbleFiller(FakeSchedule(), lambda s, m: mbs.get((s, m)), PipelineStats(), prefire_fn,
+    filler = BubbleFiller(ORDER, lambda s, m: mbs.get((s, m)), PipelineStats(), prefire_fn,
                           lambda: clock[0])
     for _ in range(4):
         filler.new_step()
@@ -581,8 +587,8 @@ def test_a_b_keeps_its_recomputation_for_w_whatever_the_bubble_prefires_hold():
     """Note [A rank's byte budget]: the keep decision after a B is the one
     without bubble prefires; the prefires it needs room from are let go,
     the micro-batch whose B comes last first. Stage 0's need is 10 bytes."""
-    from prefire._budget import RankBudget
-    from prefire.pipelining import _MicroBatch
+    from prefire.pipelining._budget import RankBudget
+    from prefire.pipelining._sessions import _MicroBatch
 
     actions = [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("F", 0, 2), ("B", 0, 1), ("W", 0, 0),
                ("B", 0, 2), ("W", 0, 1), ("W", 0, 2)]
@@ -636,8 +642,8 @@ def test_under_a_memory_plan_the_sessions_hold_what_the_blocks_leave_at_each_act
     (``blocks_at``), and a B keeps its recomputation for W only if every
     action up to that W leaves room for it, the other micro-batches at their
     floor (their B lets go, their W recomputes). Stage 0's need is 10."""
-    from prefire._budget import RankBudget
-    from prefire.pipelining import _MicroBatch
+    from prefire.pipelining._budget import RankBudget
+    from prefire.pipelining._sessions import _MicroBatch
 
     def budget(actions, n, blocks_at, held):
         pending = {(0, m): _MicroBatch(m, ["h"]) for m in range(3)}

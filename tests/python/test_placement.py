@@ -1,4 +1,4 @@
-"""Where recomputation can run (prefire.pipeline_bench.placement; Note
+"""Where recomputation can run (pipeline_sim.place; Note
 [Where recomputation can run]): recompute actions in the replay, the
 filler's rules as a placement, the search and the floor no placement
 beats."""
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from prefire.pipeline_bench.measured import _placement
-from prefire.pipeline_bench.placement import (Pipeline, floor_s, held_ahead, rules_placement, search)
-from prefire.pipeline_bench.replay import Costs, overlaps, rank_orders
+from pipeline_bench.config import stage_rank
+from pipeline_sim.place import floor_s, held_ahead, rules_placement, search
+from pipeline_sim.replay import Costs, Pipeline, overlaps, rank_orders
 
 TWO_MICRO_BATCHES = [[("F", 0, 0), ("F", 0, 1), ("BW", 0, 0), ("BW", 0, 1)],
                      [("F", 1, 0), ("BW", 1, 0), ("F", 1, 1), ("BW", 1, 1)]]
@@ -34,7 +34,7 @@ def costs_of(n_stages, f=1.0, b=3.0, w=1.0, checkpoint=0.5, checkpoints=2, laten
 def pipeline(schedule, world, micro_batches=None, **kwargs):
     micro_batches = micro_batches or 2 * world
     n_stages = (1 if schedule == "1f1b" else 2) * world
-    return Pipeline(rank_orders(schedule, world, micro_batches), _placement(schedule, world), n_stages,
+    return Pipeline(rank_orders(schedule, world, micro_batches), stage_rank(schedule, world), n_stages,
                     costs_of(n_stages, **kwargs), overlaps(schedule, world, micro_batches))
 
 
@@ -96,7 +96,7 @@ def test_no_placement_ends_a_step_before_the_floor(schedule, world):
 def test_the_search_hides_what_a_wait_holds_and_the_floor_stays_below():
     """One micro-batch on 1F1B, a long wait for its gradient: the search
     puts both checkpoints of rank 0 into it."""
-    p = Pipeline(rank_orders("1f1b", 2, 1), _placement("1f1b", 2), 2,
+    p = Pipeline(rank_orders("1f1b", 2, 1), stage_rank("1f1b", 2), 2,
                  costs_of(2, f=1.0, b=3.0, w=0.0, latency=0.0, overhead=0.0))
     p.costs.checkpoints[1] = 0
     p.costs.action["session"][("BW", 1)] = p.costs.action["none"][("BW", 1)]

@@ -20,7 +20,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper as TorchCheckpointWrapper
 
 import prefire
-from prefire import _C, _plan
+from prefire import _plan
 from prefire._selective import ModeCosts
 
 ONE_PASS = prefire.Release.IN_BACKWARD  # what the planner of a plain model uses
@@ -318,6 +318,14 @@ def test_costs_and_plans_go_by_field_name():
                              selective_bytes=40, selective_seconds=0.25)
     with pytest.raises(TypeError):
         prefire.BlockCost(100, 10, 1.0)  # by position: refused
+    with pytest.raises(TypeError, match="missing field.s. recompute_seconds"):
+        prefire.BlockCost(saved_bytes=100, input_bytes=10)
+    with pytest.raises(TypeError, match="unknown field.s. swap_bytes"):
+        prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0, swap_bytes=3)
+    with pytest.raises(TypeError, match="field alive got str"):
+        prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0, alive="1, 2")
+    defaults = prefire.BlockCost(saved_bytes=100, input_bytes=10, recompute_seconds=1.0)  # the C++ struct's
+    assert (defaults.in_flight, defaults.group, defaults.selective_bytes, defaults.offload_bytes) == (1, -1, -1, -1)
     d = cost.to_dict()
     assert list(d) == list(prefire.BlockCost.FIELDS) and d["alive"] == [1, 2, 0] and d["selective_bytes"] == 40
     again = prefire.BlockCost.from_dict(json.loads(json.dumps(d)))
@@ -346,7 +354,7 @@ def test_offload_is_the_fourth_choice_where_its_costs_are_given():
     plan = prefire.plan_for_budget([block(0)] * 4, none // 4)
     assert list(plan.choices) == [prefire.Choice.OFFLOAD] * 4 and list(plan.offloaded) == [True] * 4
     assert plan.recompute_seconds == pytest.approx(4 * 2e-3 * 0.1)
-    assert prefire._C.choice_seconds(block(0), prefire.Choice.OFFLOAD) == pytest.approx(2e-4)
+    assert prefire.choice_seconds(block(0), prefire.Choice.OFFLOAD) == pytest.approx(2e-4)
     recompute_only = prefire.plan_for_budget([block()] * 4, none // 4)
     assert prefire.Choice.OFFLOAD not in list(recompute_only.choices)
     assert recompute_only.recompute_seconds == pytest.approx(4e-3)
@@ -376,8 +384,8 @@ def test_the_same_costs_give_one_plan_through_python_and_prefire_bench(tmp_path)
     bench = os.environ.get("PREFIRE_BENCH")
     if not bench:
         pytest.skip("PREFIRE_BENCH (prefire-bench's path) is not set; ctest sets it")
-    from prefire._hook_points import planner_actions
-    from prefire.pipeline_bench.replay import rank_orders
+    from pipeline_sim.replay import rank_orders
+    from prefire.pipelining.plans import rank_items
 
     rng = random.Random(38)
     micro_batches = 4
@@ -392,7 +400,7 @@ def test_the_same_costs_give_one_plan_through_python_and_prefire_bench(tmp_path)
                                             recompute_seconds=rng.uniform(1e-3, 5e-3), group=stage,
                                             selective_bytes=saved // 3 if selective else -1,
                                             selective_seconds=1e-4 if selective else 0.0))
-    items = _C.per_micro_batch(blocks, planner_actions(actions), micro_batches)
+    items = rank_items(blocks, actions, micro_batches)
     path = tmp_path / "costs.json"
     for name, costs, extra in (("per micro-batch", items, {"actions": [list(a) for a in actions],
                                                           "micro_batches": micro_batches}),

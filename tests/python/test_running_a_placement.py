@@ -1,36 +1,27 @@
 """enable(schedule, bubble=True, placement=...): the simulator's recompute
-actions run by the rank (Note [Running a placement] in prefire/_bubbles.py)."""
+actions run by the rank (Note [Running a placement] in prefire/pipelining/_bubbles.py)."""
 
 import pytest
 import torch
 
 import prefire
 from prefire import pipelining
-from prefire._bubbles import BubbleFiller, check_placement
-from prefire._hook_points import rank_actions
-from prefire.pipeline_bench import run
-from prefire.pipeline_bench.config import RunConfig
-from prefire.pipeline_bench.measured import validate
-from prefire.pipeline_bench.model import reference_gradients
-from prefire.pipeline_bench.replay import rank_orders
-from prefire.pipeline_bench.report import table
-from prefire.pipelining import PipelineStats, _MicroBatch
+from prefire.pipelining._bubbles import BubbleFiller
+from prefire.pipelining.placement import check_placement
+from prefire.pipelining.actions import rank_actions
+from pipeline_bench import run
+from pipeline_bench.config import RunConfig
+from pipeline_sim.measured import validate
+from pipeline_bench.model import reference_gradients
+from pipeline_sim.replay import rank_orders
+from pipeline_bench.report import table
+from prefire.pipelining import PipelineStats
+from prefire.pipelining._sessions import _MicroBatch
 
 from test_pipelining import TINY, count_runs, zbv_one_rank
 
 
-class FakeSchedule:
-    """One rank's order: F (1, 0), F (1, 1), B (1, 0), B (1, 1)."""
-
-    rank = 0
-
-    def __init__(self):
-        from torch.distributed.pipelining.schedules import _Action, BACKWARD_INPUT, FORWARD
-
-        self.pipeline_order_with_comms = {0: [_Action(1, FORWARD, 0), _Action(1, FORWARD, 1),
-                                              _Action(1, BACKWARD_INPUT, 0), _Action(1, BACKWARD_INPUT, 1)]}
-
-
+#: one rank's order
 ORDER = [("F", 1, 0), ("F", 1, 1), ("B", 1, 0), ("B", 1, 1)]
 
 
@@ -44,7 +35,7 @@ def test_a_placement_prefires_what_it_names_before_each_action_once_a_step_from_
     mbs = {(1, 0): _MicroBatch(10, ["a0", "b0", "c0"]), (1, 1): _MicroBatch(11, ["a1", "b1"])}
     stats = PipelineStats()
     placement = {("F", 1, 1): [(1, 0, 2)], ("B", 1, 0): [(1, 0, 5), (1, 1, 1)]}
-    filler = BubbleFiller(FakeSchedule(), lambda s, m: mbs.get((s, m)), stats, prefire_fn, placement=placement)
+    filler = BubbleFiller(ORDER, lambda s, m: mbs.get((s, m)), stats, prefire_fn, placement=placement)
 
     def step(training=True):
         filler.new_step(training)

@@ -1,4 +1,4 @@
-"""The pipeline simulator (prefire.pipeline_bench.simulate): torch's orders for
+"""The pipeline simulator (pipeline_sim): torch's orders for
 any rank count, the replay's arithmetic on durations chosen by hand, and a
 tiny 2-rank run of the program replayed with what it measured."""
 
@@ -7,21 +7,23 @@ import json
 
 import pytest
 
-from prefire._bubbles import check_placement
-from prefire.pipeline_bench import run, simulate
-from prefire.pipeline_bench.config import SCHEDULES, RunConfig
-from prefire.pipeline_bench.model import ModelConfig
-from prefire.pipeline_bench.measured import _placement, measured_slack, step_costs, validate
-from prefire.pipeline_bench.predict import predict, scaled_steps
-from prefire.pipeline_bench.placement import check_placement_file, rank_placement
-from prefire.pipeline_bench.replay import Costs, overlaps, rank_orders, replay
+from prefire.pipelining.placement import check_placement
+from pipeline_bench import run
+from pipeline_sim import cli as simulate
+from pipeline_bench.config import SCHEDULES, RunConfig
+from pipeline_bench.model import ModelConfig
+from pipeline_bench.config import stage_rank
+from pipeline_sim.measured import measured_slack, step_costs, validate
+from pipeline_sim.predict import predict, scaled_steps
+from prefire.pipelining.placement import check_placement_file, rank_placement
+from pipeline_sim.replay import Costs, overlaps, rank_orders, replay
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("world", [2, 4, 16])
 def test_every_rank_runs_each_of_its_stages_forward_and_backward_once_per_micro_batch(schedule, world):
     orders = rank_orders(schedule, world, 2 * world)
-    owner = _placement(schedule, world)
+    owner = stage_rank(schedule, world)
     n_stages = SCHEDULES[schedule][1] * world
     for rank, order in enumerate(orders):
         assert len(set(order)) == len(order)
@@ -52,7 +54,7 @@ def uniform(n_stages, f, b, w=0.0, latency=0.0, overhead=0.0, checkpoint=0.0, ch
 @pytest.mark.parametrize("world, micro_batches", [(2, 4), (4, 8), (4, 3)])
 def test_1f1b_with_uniform_stages_takes_micro_batches_plus_stages_less_one_slots(world, micro_batches):
     orders = rank_orders("1f1b", world, micro_batches)
-    got = replay(orders, _placement("1f1b", world), world, uniform(world, 1.0, 2.0), "none")
+    got = replay(orders, stage_rank("1f1b", world), world, uniform(world, 1.0, 2.0), "none")
     assert got.step_s == pytest.approx((micro_batches + world - 1) * 3.0)
     # the first rank waits for its first backward: (stages - 1) forwards and backwards downstream
     assert got.wait_s[0] == pytest.approx((world - 1) * 3.0)
@@ -60,7 +62,7 @@ def test_1f1b_with_uniform_stages_takes_micro_batches_plus_stages_less_one_slots
 
 def test_latency_and_overhead_lengthen_each_hop_and_each_action():
     orders = rank_orders("1f1b", 2, 1)   # F on rank 0, F then BW on rank 1, BW on rank 0
-    got = replay(orders, _placement("1f1b", 2), 2, uniform(2, 1.0, 2.0, latency=0.25, overhead=0.125), "none")
+    got = replay(orders, stage_rank("1f1b", 2), 2, uniform(2, 1.0, 2.0, latency=0.25, overhead=0.125), "none")
     assert got.step_s == pytest.approx(2 * 1.125 + 2 * 2.125 + 2 * 0.25)  # F, F, BW, BW, each + overhead; two hops
 
 
@@ -68,8 +70,8 @@ def test_bubble_rule_1_prefires_the_receiving_micro_batch_whatever_the_wait_and_
     # 1F1B on 2 ranks, 1 micro-batch: rank 0 waits 1 + 3 for the gradient; 2 checkpoints of 0.5 each
     orders = rank_orders("1f1b", 2, 1)
     costs = uniform(2, 1.0, 3.0, checkpoint=0.5, checkpoints=2)
-    session = replay(orders, _placement("1f1b", 2), 2, costs, "session")
-    bubble = replay(orders, _placement("1f1b", 2), 2, costs, "bubble")
+    session = replay(orders, stage_rank("1f1b", 2), 2, costs, "session")
+    bubble = replay(orders, stage_rank("1f1b", 2), 2, costs, "bubble")
     assert session.step_s == pytest.approx(1 + 1 + 3 + 3)
     # rank 0 recomputes both checkpoints in its wait (1.0 of 4.0), its backward takes 1.0 less
     assert bubble.prefire_s == [pytest.approx(1.0), 0.0]
@@ -79,7 +81,7 @@ def test_bubble_rule_1_prefires_the_receiving_micro_batch_whatever_the_wait_and_
     short = uniform(2, 0.1, 1.2, checkpoint=0.5, checkpoints=2)
     short.checkpoints[1] = 0
     short.action["session"][("BW", 1)] = 0.2
-    got = replay(orders, _placement("1f1b", 2), 2, short, "bubble")
+    got = replay(orders, stage_rank("1f1b", 2), 2, short, "bubble")
     assert got.prefire_s[0] == pytest.approx(1.0) and got.wait_s[0] == 0.0
     assert got.step_s == pytest.approx(0.1 + 1.0 + 1.2 - 1.0)
 
@@ -130,7 +132,7 @@ def test_one_step_replays_with_its_own_durations_and_the_prefires_it_ran():
     costs = step_costs(uniform(2, 1.0, 3.0), summary, "bubble", 0)
     assert costs.instance == {("F", 0, 0): 1.0, ("BW", 0, 0): 2.5, ("F", 1, 0): 1.0, ("BW", 1, 0): 4.0}
     assert costs.before[("BW", 0, 0)] == 0.5 and costs.before[("F", 1, 0)] == 0.0
-    got = replay(orders, _placement("1f1b", 2), 2, costs, "session")
+    got = replay(orders, stage_rank("1f1b", 2), 2, costs, "session")
     assert got.step_s == pytest.approx(1.0 + 1.0 + 4.0 + 2.5)   # the prefire ran inside rank 0's wait
     assert got.wait_s[0] == pytest.approx(6.0 - 1.0 - 0.5)
     assert measured_slack(summary, 0) == {("B", 0, 0): 0.25, ("BW", 0, 0): 0.25}
@@ -200,7 +202,7 @@ def test_a_tiny_two_rank_run_replays_in_its_measured_order_and_near_its_measured
     # order under load (a full test run once replayed session 1.8 % above torch: 0.0911 s against 0.0895)
     assert rows["torch"]["simulated_step_s"] > rows["none"]["simulated_step_s"]
     # the filler ran where its rules put it: each bubble prefire right before an action that waited on a receive
-    owner = _placement("interleaved-zb", 2)
+    owner = stage_rank("interleaved-zb", 2)
     prefires = 0
     for rank, timeline in enumerate(tiny_run["timelines"]["bubble"]):
         for step in timeline["steps"]:
@@ -300,7 +302,7 @@ def test_a_sweep_written_with_costs_by_position_is_refused_with_a_message():
     """Costs go by field name (Note [Costs and plans by name]): a sweep an
     older prefire wrote, its costs as lists of values by position, is
     refused, not misread."""
-    from prefire.pipeline_bench.plan_search import _plan_of
+    from pipeline_sim.plan_search import _plan_of
 
     rank = {"plan_costs": [[100, 10, 1.0, 1, 0, [], [], 0, 0, -1, 0.0, 0, []]], "plan": {"0": [[True]]}}
     with pytest.raises(ValueError, match="by position, as an older prefire wrote them; run the sweep again"):

@@ -2,8 +2,8 @@
 the schedule and (in prefire's modes) the sessions; runs the modes' steps in
 turn and writes what it measured, or, when it fails, its exception
 (``OUT.error``, which the launcher's report leads with). Started by
-:mod:`prefire.pipeline_bench.launch`:
-``python -m prefire.pipeline_bench.worker CONFIG RANK WORLD PORT OUT``.
+:mod:`pipeline_bench.launch`:
+``python -m pipeline_bench.worker CONFIG RANK WORLD PORT OUT``.
 
 For the failure tests, ``PREFIRE_PIPELINE_FAULT=forward:RANK`` makes a
 rank's first stage forward raise, ``bubble:RANK`` its first recomputation in
@@ -29,12 +29,12 @@ from torch.distributed import pipelining as pp
 
 import prefire
 from prefire import pipelining
-from prefire._hook_points import is_full_backward
-from prefire._process_exit import exit_process
+from prefire.pipelining import is_full_backward
+from prefire.pipelining.placement import rank_placement
 
 from .config import PLAN_MODES, SCHEDULES, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
-from .placement import rank_placement
+from .process_exit import exit_process
 from .report import TIMES, hideable_s
 
 
@@ -185,7 +185,7 @@ class ModeRun:
         for stage in stages:
             self.recorder.wrap_stage(stage)
         if mode == "placed":
-            self.sessions.bubbles.before_action = self.recorder.outside_action(self.sessions.bubbles.before_action)
+            self.sessions.wrap_placed_prefires(self.recorder.outside_action)
         self.waits_seen = True
         try:
             pipelining.on_receive_wait(self.schedule, after=self.recorder.on_wait)
@@ -211,8 +211,11 @@ class ModeRun:
             sessions.set_budget_bytes(int(held * self.budget_fraction))
         if self.mode in PLAN_MODES and len(self.steps) == 1:
             costs = sessions.plan.costs
-            # with offload_to, a plan may hold less than checkpointing everything (the planner says how little)
-            least = sessions.planner.least_budget() if self.mode == "plan-offload" else prefire.least_plan_bytes(costs)
+            # the sweep's lowest point: the least budget every step holds, the measuring one included (it
+            # checkpoints every block); with offload_to, the least any plan holds (below that, warned)
+            least = sessions.least_memory_budget()
+            if self.mode != "plan-offload":
+                least = max(least, prefire.plan_bytes(costs, [True] * len(costs)))
             # what none mode held on this rank so far, or without it what keeping every block holds by the plan
             most = (max(s["peak_held_bytes"] for s in self.none.steps) if self.none is not None and self.none.steps
                     else prefire.plan_bytes(costs, [False] * len(costs)))
@@ -231,8 +234,7 @@ class ModeRun:
         before = prefire.runtime_stats().recomputations
         wasted_before = prefire.runtime_stats().wasted_prefires
         # the slack each wait point's rule 2 works to in this step (Note [Filling bubbles]), for the simulator
-        bubbles = getattr(sessions, "bubbles", None)
-        slack = [[*point, s] for point, s in bubbles.slack.items()] if bubbles is not None else None
+        slack = [[*point, s] for point, s in sessions.bubble_slack().items()] if sessions is not None else []
         dist.barrier()
         with prefire.AllocatorPeak() as step_peak:  # See Note [The pipeline program's memory figures].
             begin = time.monotonic()
@@ -295,19 +297,16 @@ class ModeRun:
             "peak_held_bytes": max(s["peak_held_bytes"] for s in measured),
             "budget_bytes": self.sessions.budget_bytes if self.sessions is not None else None,
             "memory_budget": self.sessions.memory_budget if self.sessions is not None else None,
-            "plan": ({str(s): c for s, c in self.sessions.plan.checkpointed.items()}
+            # per stage, per micro-batch and block: the plan's choice by name ("KEEP", "CHECKPOINT", ...)
+            "plan": ({str(s): p.to_dict()["choices"] for s, p in self.sessions.plan.stages.items()}
                      if self.sessions is not None and self.sessions.plan is not None else None),
-            "plan_selective": ({str(s): c for s, c in self.sessions.plan.selective.items()}
-                               if self.sessions is not None and self.sessions.plan is not None else None),
-            "plan_offloaded": ({str(s): c for s, c in self.sessions.plan.offloaded.items()}
-                               if self.sessions is not None and self.sessions.plan is not None else None),
             "measuring_held_bytes": self.steps[0]["peak_held_bytes"],
             # what the plan was chosen from, in the plan's order (the simulator's search)
             # by field name (Note [Costs and plans by name] in python/src/plan_bindings.cpp)
             "plan_costs": ([c.to_dict() for c in self.sessions.plan.costs]
                            if self.sessions is not None and self.sessions.plan is not None else None),
             # one pass's recomputation: the least a budget can hold a rank to
-            "floor_bytes": self.sessions.budget.pass_bytes if self.sessions is not None else None,
+            "floor_bytes": self.sessions.floor_bytes if self.sessions is not None else None,
             "eval_recomputations": self.eval_recomputations,
             "pipelining": last.get("pipelining"),
             # the last measured step's (plots), and every measured step's (the simulator's durations)

@@ -1,4 +1,4 @@
-"""The pipeline program's memory sweep: ``python -m prefire.pipeline_bench.sweep``.
+"""The pipeline program's memory sweep: ``python -m pipeline_bench.sweep``.
 
 For each memory budget (a share of what none mode held on the rank, or
 with --uniform-budget one budget for every rank, that share of the most none
@@ -15,7 +15,7 @@ its budget when its census is. A torch configuration fits a plan's budget
 when its step peak is at most the plan's on every rank: it uses no more
 memory, by the allocator, than the plan did. Session mode (every block
 checkpointed, unmetered) runs too, for the simulator's search over
-per-block plans (``python -m prefire.pipeline_bench.simulate search``).
+per-block plans (``python -m pipeline_sim search``).
 Prints a table, and with --plot step time against step peak, one curve per
 approach."""
 
@@ -73,8 +73,6 @@ def rows(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
             "name": name, "budgets": budgets, "held": _held(mode), "step_peak": _peak(mode),
             "measuring_held": [r["measuring_held_bytes"] for r in mode["ranks"]],
             "step_s": mode["step_s"], "plan": [r["plan"] for r in mode["ranks"]],
-            "plan_selective": [r.get("plan_selective") or {} for r in mode["ranks"]],
-            "plan_offloaded": [r.get("plan_offloaded") or {} for r in mode["ranks"]],
             "within_budget": all(h <= b for h, b in zip(_held(mode), budgets)),
             "exact": mode["gradients"]["exact"],
             "fits": {t: m["step_s"] for t, m in fits.items()}, "fastest_fit": fastest,
@@ -101,9 +99,7 @@ def table(summary: Dict[str, Any]) -> str:
     for r in rows(summary):
         per_rank = "; ".join(f"{b / MiB:.2f} -> {h / MiB:.2f} ({m / MiB:.2f}), {p / MiB:.2f}"
                              for b, h, m, p in zip(r["budgets"], r["held"], r["measuring_held"], r["step_peak"]))
-        plan = " ".join(f"{s}:{plan_letters(ck, sel.get(s), off.get(s))}"
-                        for p, sel, off in zip(r["plan"], r["plan_selective"], r["plan_offloaded"])
-                        for s, ck in p.items())
+        plan = " ".join(f"{s}:{plan_letters(choices)}" for p in r["plan"] for s, choices in p.items())
         fits = ", ".join(f"{t} {s * 1e3:.0f}" for t, s in r["fits"].items()) or "none fits"
         ratio = f"{r['plan_over_fastest']:.2f}" if r["plan_over_fastest"] is not None else "-"
         step_pairs = f" ({r['plan_over_none_paired']:.2f})" if r["plan_over_none_paired"] is not None else ""
@@ -113,14 +109,15 @@ def table(summary: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plan_letters(checkpointed: List[List[bool]], selective: Optional[List[List[bool]]],
-                 offloaded: Optional[List[List[bool]]] = None) -> str:
-    """A stage's plan: per block k (kept), c (checkpointed), s (selectively) or o (offloaded); per
+#: a plan's choices as the sweep's table writes them
+LETTERS = {"KEEP": "k", "CHECKPOINT": "c", "SELECTIVE": "s", "OFFLOAD": "o"}
+
+
+def plan_letters(choices: List[List[str]]) -> str:
+    """A stage's plan (per micro-batch and block, a choice by name): per
+    block k (kept), c (checkpointed), s (selectively) or o (offloaded); per
     micro-batch, joined by "/", where they differ."""
-    selective = selective or [[False] * len(ck) for ck in checkpointed]
-    offloaded = offloaded or [[False] * len(ck) for ck in checkpointed]
-    per_micro_batch = ["".join("o" if o else "s" if s else "c" if c else "k" for c, s, o in zip(ck, sel, off))
-                       for ck, sel, off in zip(checkpointed, selective, offloaded)]
+    per_micro_batch = ["".join(LETTERS[c] for c in blocks) for blocks in choices]
     return per_micro_batch[0] if len(set(per_micro_batch)) == 1 else "/".join(per_micro_batch)
 
 
@@ -155,7 +152,7 @@ def plot(summary: Dict[str, Any], path: str) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m prefire.pipeline_bench.sweep", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pipeline_bench.sweep", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv")

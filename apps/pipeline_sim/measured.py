@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .._hook_points import Action
-from .config import SCHEDULES, stage_indices
-from .placement import rank_placement
+from pipeline_bench.config import SCHEDULES, stage_rank
+from prefire.pipelining.actions import Action
+from prefire.pipelining.placement import rank_placement
+
 from .replay import Costs, KINDS, REPLAYED, _consumes, _produced, overlaps, rank_orders, replay
 
 
@@ -30,13 +31,13 @@ def _steps(rank_timeline: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def measured_costs(summary: Dict[str, Any]) -> Costs:
-    """The durations a run measured (``python -m prefire.pipeline_bench --json``):
+    """The durations a run measured (``python -m pipeline_bench --json``):
     medians over its modes' measured steps (Note [What the simulator
     replays])."""
     timelines = summary["timelines"]
     missing = [m for m in ("none", "torch", "session") if m not in timelines]
     if missing:
-        raise ValueError(f"prefire.pipeline_bench.simulate: the run has no {', '.join(missing)} mode "
+        raise ValueError(f"pipeline_sim: the run has no {', '.join(missing)} mode "
                          "(run the program with --modes none,torch,session,bubble)")
     per_stage = _blocks_per_stage(summary)
     action: Dict[str, Dict[Tuple[str, int], float]] = {}
@@ -127,11 +128,6 @@ def measured_step(summary: Dict[str, Any], mode: str) -> Tuple[float, Optional[L
     return summary["modes"][mode]["step_s"], waits
 
 
-def _placement(schedule: str, world: int) -> Callable[[int], int]:
-    owner = {stage: rank for rank in range(world) for stage in stage_indices(schedule, rank, world)}
-    return owner.__getitem__
-
-
 def _step_durations(summary: Dict[str, Any], mode: str, index: int) -> Tuple[Dict[Action, float],
                                                                                Dict[Action, float]]:
     """Every action of ``mode``'s ``index``-th measured step (all ranks'):
@@ -187,7 +183,7 @@ def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     schedule, world = cfg["schedule"], cfg["world"]
     micro_batches = cfg["model"]["micro_batches"]
     orders, groups = rank_orders(schedule, world, micro_batches), overlaps(schedule, world, micro_batches)
-    placement, n_stages = _placement(schedule, world), SCHEDULES[schedule][1] * world
+    rank_of, n_stages = stage_rank(schedule, world), SCHEDULES[schedule][1] * world
     costs = measured_costs(summary)
     modes = [mode for mode in REPLAYED + ("placed",) if mode in summary["timelines"]]
     placed = {action: items for rank in range(world) if cfg.get("placement")  # placed mode's, every rank's
@@ -196,11 +192,11 @@ def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     rows = []
     for name, mode in [(m, m) for m in modes] + ([("bubble as run", "bubble")] if "bubble" in modes else []):
         if name == "bubble as run":  # its own steps, prefires where they ran
-            replays = [replay(orders, placement, n_stages, step_costs(costs, summary, "bubble", k), "session",
+            replays = [replay(orders, rank_of, n_stages, step_costs(costs, summary, "bubble", k), "session",
                               groups) for k in range(steps)]
         else:
             source = "session" if mode in ("bubble", "placed") else mode
-            replays = [replay(orders, placement, n_stages, step_costs(costs, summary, source, k), mode, groups,
+            replays = [replay(orders, rank_of, n_stages, step_costs(costs, summary, source, k), mode, groups,
                               measured_slack(summary, k) if mode == "bubble" else None, placed)
                        for k in range(steps)]
         step, waits = measured_step(summary, mode)

@@ -25,17 +25,19 @@ from __future__ import annotations
 import itertools
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
-from . import _C, _fsdp
-from ._checkpoint import planned_calls
+from .. import _C, _fsdp
+from .._checkpoint import planned_calls
+from .._schedule import collect, session
+from ._budget import RankBudget
 from ._hook_points import STAGE_METHODS, is_full_backward
-from ._schedule import collect, session
+from ._stats import PipelineStats
+from .actions import Action
 
-if TYPE_CHECKING:
-    from .pipelining import Pipelining
+StageMicroBatch = Tuple[int, int]  # (stage index, micro-batch)
 
 _session_ids = itertools.count(1 << 62)
 
@@ -59,13 +61,38 @@ def _holds_fsdp(module) -> bool:
     return any(isinstance(m, FSDPModule) for m in module.modules())
 
 
+class StageListener(Protocol):
+    """What the sessions of a stage tell the rank's (``Pipelining``)."""
+
+    def action_begins(self, action: Action) -> None:
+        """A stage method is about to run ``action``."""
+
+    def action_done(self, stage: int, micro_batch: int, last_pass: bool) -> None:
+        """A backward action ran; ``last_pass``: the micro-batch's last pass on the stage."""
+
+    def stage_cleared(self, stage: int, training: bool) -> None:
+        """A stage's ``clear_runtime_states`` ran (every step begins so);
+        ``training``: the step has a backward (not ``schedule.eval()``)."""
+
+    def let_go_of_prefires(self, key: StageMicroBatch) -> None:
+        """Let go of what bubble prefires recomputed for ``key``, a
+        micro-batch of any of the rank's stages (Note [A rank's byte budget])."""
+
+
 class _StageSessions:
     """The sessions of one stage: micro-batch -> session, and the stage
     methods that open, bind and clear them (Note [Where prefire hooks into a
     pipeline schedule])."""
 
-    def __init__(self, owner: "Pipelining", stage) -> None:
-        self.owner = owner
+    def __init__(self, stage, listener: StageListener, budget: RankBudget, stats: PipelineStats,
+                 planner: Any = None, micro_batches: Optional[int] = None) -> None:
+        """``planner``: the rank's ``RankPlanner`` under a memory budget;
+        ``micro_batches``: how many a step has (None: unknown)."""
+        self.listener = listener
+        self.budget = budget
+        self.stats = stats
+        self.planner = planner
+        self.micro_batches = micro_batches
         self.stage = stage
         self.pending: Dict[int, _MicroBatch] = {}
         self.forwards = 0            # forwards through the wrapper since the last step began
@@ -81,56 +108,55 @@ class _StageSessions:
         # The stage's own attributes under these names (a wrapper someone put
         # there before), given back by restore().
         self.shadowed = {name: vars(stage)[name] for name in STAGE_METHODS if name in vars(stage)}
-        original = {name: getattr(stage, name) for name in STAGE_METHODS}
-
-        def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
-            self.forwards += 1
-            owner._check_steps_start(self)
-            owner.before_action(("F", stage.stage_index, fwd_chunk_id))
-            if not getattr(stage, "has_backward", True):  # schedule.eval(): no backward, nothing to recompute
-                return original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
-            planner = owner.planner
-            if planner is None:
-                with collect() as handles:
-                    out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
-            else:  # Note [A pipeline rank's memory plan]
-                planned = planner.forward(stage.stage_index, fwd_chunk_id)
-                with collect() as handles, planned_calls(planned.run):
-                    out = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
-                planner.forward_done(planned, fwd_chunk_id, handles)
-            self.checkpoints += len(handles)
-            self.open(fwd_chunk_id, handles)
-            return out
-
-        def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
-            full = is_full_backward(args, kwargs)
-            owner.before_action(("BW" if full else "B", stage.stage_index, bwd_chunk_id))
-            if owner.bubbles is not None:
-                owner.bubbles.backward_started(stage.stage_index, bwd_chunk_id)
-            # B keeps what it recomputed for W; a full backward is the last pass.
-            self.run_pass(bwd_chunk_id, not full, lambda: original["backward_one_chunk"](bwd_chunk_id, *args, **kwargs))
-            if not full:
-                self.after_b(bwd_chunk_id)
-            owner._action_done(stage.stage_index, bwd_chunk_id, last_pass=full)
-
-        def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
-            owner.before_action(("W", stage.stage_index, bwd_chunk_id))
-            self.run_pass(bwd_chunk_id, False,
-                          lambda: original["backward_weight_one_chunk"](bwd_chunk_id, *args, **kwargs), weight=True)
-            owner._action_done(stage.stage_index, bwd_chunk_id, last_pass=True)
-
-        def clear_runtime_states():
-            self.clear_all()
-            if stage is owner.first_stage:  # once per step
-                owner._step_begins(training=getattr(stage, "has_backward", True))
-            original["clear_runtime_states"]()
-
-        self.wrappers = {"forward_one_chunk": forward_one_chunk, "backward_one_chunk": backward_one_chunk,
-                         "backward_weight_one_chunk": backward_weight_one_chunk,
-                         "clear_runtime_states": clear_runtime_states}
+        self.original = {name: getattr(stage, name) for name in STAGE_METHODS}
+        self.wrappers = {"forward_one_chunk": self.forward_one_chunk, "backward_one_chunk": self.backward_one_chunk,
+                         "backward_weight_one_chunk": self.backward_weight_one_chunk,
+                         "clear_runtime_states": self.clear_runtime_states}
         for name, fn in self.wrappers.items():
             setattr(stage, name, fn)
         stage._prefire_sessions = self
+
+    # The stage's methods, wrapped (Note [Where prefire hooks into a pipeline schedule]).
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        stage, forward = self.stage, self.original["forward_one_chunk"]
+        self.forwards += 1
+        self._check_steps_begin()
+        self.listener.action_begins(("F", stage.stage_index, fwd_chunk_id))
+        if not getattr(stage, "has_backward", True):  # schedule.eval(): no backward, nothing to recompute
+            return forward(fwd_chunk_id, *args, **kwargs)
+        if self.planner is None:
+            with collect() as handles:
+                out = forward(fwd_chunk_id, *args, **kwargs)
+        else:  # Note [A pipeline rank's memory plan]
+            planned = self.planner.forward(stage.stage_index, fwd_chunk_id)
+            with collect() as handles, planned_calls(planned.run):
+                out = forward(fwd_chunk_id, *args, **kwargs)
+            self.planner.forward_done(planned, fwd_chunk_id, handles)
+        self.checkpoints += len(handles)
+        self.open(fwd_chunk_id, handles)
+        return out
+
+    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        index, backward = self.stage.stage_index, self.original["backward_one_chunk"]
+        full = is_full_backward(args, kwargs)
+        self.listener.action_begins(("BW" if full else "B", index, bwd_chunk_id))
+        # B keeps what it recomputed for W; a full backward is the last pass.
+        self.run_pass(bwd_chunk_id, not full, lambda: backward(bwd_chunk_id, *args, **kwargs))
+        if not full:
+            self.after_b(bwd_chunk_id)
+        self.listener.action_done(index, bwd_chunk_id, last_pass=full)
+
+    def backward_weight_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        index, weight = self.stage.stage_index, self.original["backward_weight_one_chunk"]
+        self.listener.action_begins(("W", index, bwd_chunk_id))
+        self.run_pass(bwd_chunk_id, False, lambda: weight(bwd_chunk_id, *args, **kwargs), weight=True)
+        self.listener.action_done(index, bwd_chunk_id, last_pass=True)
+
+    def clear_runtime_states(self):
+        self.clear_all()
+        self.listener.stage_cleared(self.stage.stage_index, training=getattr(self.stage, "has_backward", True))
+        self.original["clear_runtime_states"]()
 
     def open(self, micro_batch: int, handles) -> None:
         if micro_batch in self.pending:  # a forward run again without its backward: the old graph is gone
@@ -138,7 +164,7 @@ class _StageSessions:
         if not handles:
             return
         self.pending[micro_batch] = self._new_session(handles)
-        self.owner._stats.sessions += 1
+        self.stats.sessions += 1
 
     def _new_session(self, handles) -> _MicroBatch:
         ready = (lambda: _fsdp.all_gathered(self.stage.submod)) if self.fsdp else None
@@ -155,11 +181,11 @@ class _StageSessions:
         if mb is None:
             return
         if self.w_reads is not None and _C.keep_only(mb.session, self.w_reads):
-            self.owner._stats.trimmed_after_b += 1
-            self.owner.budget.kept(self.stage.stage_index, _C.session_stats(mb.session).current_bytes)
-        keep, let_go = self.owner.budget.after_b((self.stage.stage_index, micro_batch))
-        for stage_index, other in let_go:
-            self.owner._stages[stage_index].let_go_of_prefires(other)
+            self.stats.trimmed_after_b += 1
+            self.budget.kept(self.stage.stage_index, _C.session_stats(mb.session).current_bytes)
+        keep, let_go = self.budget.after_b((self.stage.stage_index, micro_batch))
+        for key in let_go:
+            self.listener.let_go_of_prefires(key)
         if keep:
             mb.kept_for_w = True
             return
@@ -167,7 +193,7 @@ class _StageSessions:
         w = self.pending[micro_batch] = self._new_session(mb.handles)
         w.w_recomputes = True
         w.prefired = len(w.handles)  # no bubble prefire for W: it recomputes lazily
-        self.owner._stats.released_after_b += 1
+        self.stats.released_after_b += 1
 
     def let_go_of_prefires(self, micro_batch: int) -> None:
         """Lets go of what bubble prefires recomputed for ``micro_batch``
@@ -176,7 +202,7 @@ class _StageSessions:
         mb = self.pending[micro_batch]
         self.close(micro_batch, discard=True)  # on purpose: counted in prefires_let_go, not as wasted
         self.pending[micro_batch] = self._new_session(mb.handles)
-        self.owner._stats.prefires_let_go += 1
+        self.stats.prefires_let_go += 1
 
     def run_pass(self, micro_batch: int, retain: bool, run: Callable[[], Any], weight: bool = False) -> None:
         mb = self.pending.get(micro_batch)
@@ -200,7 +226,7 @@ class _StageSessions:
         reads = _C.pass_reads(mb.session)
         misses = _C.session_stats(mb.session).trim_misses
         if misses:
-            self.owner._stats.trim_misses += misses
+            self.stats.trim_misses += misses
             if not self.warned_miss:
                 self.warned_miss = True
                 warnings.warn(
@@ -218,13 +244,23 @@ class _StageSessions:
         go unused on purpose (``discard_session``), else an unused prefire
         warns (Note [A session shares what is registered to it])."""
         mb = self.pending.pop(micro_batch)
-        stats = self.owner._stats
         info = _C.session_stats(mb.session)
-        stats.max_session_bytes = max(stats.max_session_bytes, info.peak_bytes)
+        self.stats.max_session_bytes = max(self.stats.max_session_bytes, info.peak_bytes)
         (_C.discard_session if discard else _C.clear_session)(mb.session)
         if info.budget_bytes is not None:  # a bubble prefire's cap belongs to the id: removed with the session
             _C.set_session_budget(mb.session, None)
-        self.owner.budget.closed(self.stage.stage_index, info.peak_bytes)
+        self.budget.closed(self.stage.stage_index, info.peak_bytes)
+
+    def _check_steps_begin(self) -> None:
+        """A forward wrapper that sees far more forwards than a step has, with
+        no step beginning, means clear_runtime_states no longer runs (Note
+        [Hook points fail loudly])."""
+        n = self.micro_batches
+        if n is not None and self.forwards > 4 * n:
+            raise RuntimeError(
+                f"prefire.pipelining: stage {self.stage.stage_index} ran {self.forwards} forwards without a step "
+                f"beginning through clear_runtime_states (torch {torch.__version__}): prefire could not clear the "
+                "sessions of failed steps nor count steps. This torch begins steps another way")
 
     def clear_all(self) -> None:
         for micro_batch in list(self.pending):  # sessions whose passes will not come (a new step, eval, an error)

@@ -298,7 +298,7 @@ def plot(summary: Dict[str, Any], path: str) -> None:
     fig.legend(handles=[Patch(color=c, label=label) for c, label in _COLOURS.values()], loc="lower center",
                ncol=4, fontsize=8, frameon=False)
     cfg = summary["config"]
-    fig.suptitle(f"prefire.pipeline_bench: {cfg['schedule']}, {cfg['world']} ranks, {cfg['model']['blocks']} blocks, "
+    fig.suptitle(f"pipeline_bench: {cfg['schedule']}, {cfg['world']} ranks, {cfg['model']['blocks']} blocks, "
                  f"{cfg['model']['micro_batches']} micro-batches (per mode, the measured step nearest its median)",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.97))

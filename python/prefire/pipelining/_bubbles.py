@@ -42,7 +42,7 @@ placement: before each action of the rank's order that ``P`` names, the
 (stage, micro-batch, count) checkpoints it lists are prefired, last block
 first, whatever the wait -- the recompute actions of the simulator's mode
 "placed" (Note [Where recomputation can run] in
-prefire/pipeline_bench/placement.py, whose search writes such a ``P`` for a
+apps/pipeline_sim/place.py, whose search writes such a ``P`` for a
 schedule, a rank count and measured durations). An action that pops a
 receive runs them at the pop, before the wait; any other at the start of
 its stage method (the wrappers of Note [Where prefire hooks into a pipeline
@@ -71,64 +71,27 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import _C
-from ._hook_points import Action, rank_actions
+from .. import _C
+from .actions import Action
+from .placement import Placement
 
 _ENDED_AT_ONCE_S = 1e-4
 
 WaitPoint = Tuple[str, int, int]
-#: before an action of the rank's order, (stage, micro-batch, count) checkpoints to prefire
-Placement = Dict[Action, List[Tuple[int, int, int]]]
-
-
-def check_placement(placement: Any, order: Optional[List[Action]]) -> Placement:
-    """``placement`` as a dict of lists, after checking it against the
-    rank's ``order`` of actions (Note [Running a placement]); ValueError
-    naming the first entry that does not fit."""
-    where = "prefire.pipelining.enable: placement"
-    if order is None:
-        raise ValueError(f"{where} needs a schedule that keeps an order of actions (one built on "
-                         "_PipelineScheduleRuntime)")
-    if not isinstance(placement, dict):
-        raise ValueError(f"{where} must be a dict from (kind, stage, micro-batch) to [(stage, micro-batch, count)], "
-                         f"got {type(placement).__name__}")
-    index = {action: i for i, action in enumerate(order)}
-    out: Placement = {}
-    for key, items in placement.items():
-        action = tuple(key) if isinstance(key, (tuple, list)) else key
-        if action not in index:
-            raise ValueError(f"{where} names {key!r}, not an action of this rank's order (its actions are "
-                             f"(kind, stage, micro-batch) with kind F, B, W or BW)")
-        checked = []
-        for item in items:
-            if not (isinstance(item, (tuple, list)) and len(item) == 3 and all(type(v) is int for v in item)
-                    and item[2] >= 1):
-                raise ValueError(f"{where}[{key!r}] lists {item!r}; each entry is (stage, micro-batch, count) of ints "
-                                 "with count >= 1")
-            stage, mb, count = item
-            forward = index.get(("F", stage, mb))
-            backward = index.get(("B", stage, mb), index.get(("BW", stage, mb)))
-            if forward is None or backward is None:
-                raise ValueError(f"{where}[{key!r}] lists stage {stage} micro-batch {mb}, which this rank does not "
-                                 "run forward and backward")
-            if not forward < index[action] <= backward:
-                raise ValueError(f"{where}[{key!r}] prefires stage {stage} micro-batch {mb} outside its forward and "
-                                 "backward: a checkpoint can be recomputed only after the first and before the second")
-            checked.append((stage, mb, count))
-        out[action] = checked
-    return out
 
 
 class BubbleFiller:
     """The bubble prefires of one rank's schedule (Note [Filling bubbles])."""
 
-    def __init__(self, schedule, pending: Callable[[int, int], Optional[Any]], stats, prefire=_C.prefire,
-                 clock=time.monotonic, warmup_steps: int = 3, placement: Optional[Placement] = None) -> None:
+    def __init__(self, order: Optional[List[Action]], pending: Callable[[int, int], Optional[Any]], stats,
+                 prefire=_C.prefire, clock=time.monotonic, warmup_steps: int = 3,
+                 placement: Optional[Placement] = None) -> None:
         """``pending(stage_index, micro_batch)``: that micro-batch's
         ``_MicroBatch`` (session, handles, prefired) or None; ``prefire``
         and ``clock`` are ``prefire.prefire`` and ``time.monotonic`` (a test
-        passes its own); ``placement``: Note [Running a placement]."""
-        self.schedule = schedule
+        passes its own); ``order``: the rank's actions in one step (None:
+        the schedule keeps no order); ``placement``: Note [Running a
+        placement], checked against ``order`` (``check_placement``)."""
         self.prefire = prefire
         self.clock = clock
         self.pending = pending
@@ -140,17 +103,10 @@ class BubbleFiller:
         self.warmup_steps = warmup_steps          # the first only warms up (shapes are inferred then)
         self.training = True                      # the current step has a backward (not schedule.eval())
         self.checkpoint_s: Optional[float] = None
-        self._order: Optional[List[Tuple[int, int]]] = None
-        order = rank_actions(schedule)
-        self.placement = None if placement is None else check_placement(placement, order)
+        self.placement = placement
         self.actions = set(order or ())
+        self.backwards = [(stage, mb) for kind, stage, mb in order or () if kind in ("B", "BW")]
         self.placed: set = set()                  # actions whose placed prefires ran this step
-
-    def order(self) -> List[Tuple[int, int]]:
-        """This rank's backward actions (B or full backward), in schedule order."""
-        if self._order is None:
-            self._order = [(stage, mb) for kind, stage, mb in rank_actions(self.schedule) if kind in ("B", "BW")]
-        return self._order
 
     def new_step(self, training: bool = True) -> None:
         self.done.clear()
@@ -195,7 +151,7 @@ class BubbleFiller:
             def fits() -> bool:
                 return self.clock() - begin + (self.checkpoint_s or 0.0) <= slack
 
-            for target in self.order():
+            for target in self.backwards:
                 if target in self.done:
                     continue
                 count, stopped = self._fill(target, works, fits)

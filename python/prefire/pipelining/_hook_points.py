@@ -73,32 +73,23 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from . import _C, _torch_range
+from .. import _torch_range
 
-#: (kind, stage index, micro-batch): kind "F", "B" (input gradients), "W"
-#: (weight gradients) or "BW" (full backward)
-Action = Tuple[str, int, int]
-
-
-def planner_actions(actions: Iterable[Action]) -> List[Any]:
-    """``actions`` as the C++ planner takes them (``_C.RankAction``)."""
-    kinds = {"F": _C.ActionKind.FORWARD, "B": _C.ActionKind.B, "W": _C.ActionKind.W, "BW": _C.ActionKind.FULL_BACKWARD}
-    return [_C.RankAction(kind=kinds[kind], stage=stage, micro_batch=mb) for kind, stage, mb in actions]
-
-
-def rank_actions(schedule) -> Optional[List[Action]]:
-    """The compute actions of ``schedule``'s rank in one step, in order (an
-    OVERLAP_F_B action as its parts); None for a schedule that keeps no
-    order of actions (those not built on ``_PipelineScheduleRuntime``)."""
+def rank_actions(schedule: Any) -> Optional[List[Tuple[str, int, int]]]:
+    """The compute actions (``actions.Action``) of ``schedule``'s rank in
+    one step, in order (an OVERLAP_F_B action as its parts); None for a
+    schedule that keeps no order of actions (those not built on
+    ``_PipelineScheduleRuntime``)."""
     order = getattr(schedule, "pipeline_order_with_comms", None)
     if order is None:
         return None
     return compute_actions(order[schedule.rank])
 
 
-def compute_actions(actions: Iterable[Any]) -> List[Action]:
-    """The compute actions among torch's ``_Action``s (None entries and
-    communication left out, an OVERLAP_F_B action as its parts)."""
+def compute_actions(actions: Iterable[Any]) -> List[Tuple[str, int, int]]:
+    """The compute actions (``actions.Action``) among torch's ``_Action``s
+    (None entries and communication left out, an OVERLAP_F_B action as its
+    parts)."""
     from torch.distributed.pipelining.schedules import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, FULL_BACKWARD
 
     kinds = {FORWARD: "F", BACKWARD_INPUT: "B", BACKWARD_WEIGHT: "W", FULL_BACKWARD: "BW"}

@@ -32,12 +32,12 @@ it runs if it recomputes.
     keeps the rank within N from now until that micro-batch's B, every B
     before it keeping its recomputation for W (what its stage's sessions
     kept after B once they keep only what W reads: ``kept``, Note [What a
-    session keeps for W] in ``_stage_sessions.py``; the session's budget is set
+    session keeps for W] in ``_sessions.py``; the session's budget is set
     to that right before; the runtime refuses a prefire over it and the
     rest stays B's). "Now" is the rank's place in its actions, counted by
     the stage wrappers (``ran``).
 Under a memory plan (``enable(memory_budget=...)``, Note [A pipeline rank's
-memory plan] in _pipeline_plan.py) N is what the planner says the memory
+memory plan] in _plan.py) N is what the planner says the memory
 budget leaves beside the plan's blocks while each action runs
 (``set(room=Plan.room_bytes)``, Note [What a plan holds] in
 src/plan/plan_bytes.cpp): more room where few micro-batches are in flight,
@@ -66,8 +66,8 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from . import _C
-from ._hook_points import Action, planner_actions
+from .. import _C
+from .actions import Action, planner_actions
 
 StageMicroBatch = Tuple[int, int]  # (stage index, micro-batch)
 
@@ -96,19 +96,21 @@ class RankBudget:
         self._actions: Optional[List[Action]] = None
         self._planned: Optional[List[Any]] = None  # the actions as the C++ planner takes them
         self._b_at: Dict[StageMicroBatch, int] = {}  # where each B (or full backward) is in the actions
-        self._w_at: Dict[StageMicroBatch, int] = {}  # where each W is
         self._at: Optional[int] = None           # the rank's place in its actions this step (None: unknown)
         self._warned = False
 
     @property
-    def pass_bytes(self) -> int:
+    def floor_bytes(self) -> int:
+        """What one pass holds while it recomputes, the most over the stages
+        seen: the least the budget can hold the sessions to."""
         return max(self.stage_bytes.values(), default=0)
 
     def set(self, budget_bytes: Optional[int], warn: bool = True, room: Optional[List[int]] = None) -> None:
-        """A new budget; ``warn=False``: a budget below the floor on purpose
-        (a memory plan's measuring step), said nothing of. ``room``: under a
-        memory plan of ``budget_bytes``, what it leaves the sessions while
-        each of the rank's actions runs (``Plan.room_bytes``)."""
+        """A new budget of the sessions (None: none); ``warn=False``: a
+        budget below the floor on purpose (a memory plan's measuring step),
+        said nothing of. ``room``: under a memory plan, what it leaves the
+        sessions while each of the rank's actions runs (``Plan.room_bytes``;
+        ``budget_bytes`` is then the least of it)."""
         self.bytes = budget_bytes
         self.room = room
         self._warned = not warn or room is not None  # the plan counted its passes where they run
@@ -151,8 +153,6 @@ class RankBudget:
             for i, (kind, s, m) in enumerate(self._actions):
                 if kind in ("B", "BW"):
                     self._b_at.setdefault((s, m), i)
-                elif kind == "W":
-                    self._w_at.setdefault((s, m), i)
         return self._actions
 
     def _planner_actions(self) -> List[Any]:
@@ -177,59 +177,45 @@ class RankBudget:
         into it: the most it may hold (None: no cap)."""
         if self.bytes is None:
             return None
-        if not self.stage_bytes or self.bytes < self.pass_bytes:  # nothing learnt yet, or below the floor
+        if not self.stage_bytes or self._room(self._at) < self.floor_bytes:  # nothing learnt yet, or below the floor
             return 0
         held = self._held()
         held.pop(key, None)
         b_at = self._b_at.get(key)
         if self._at is None or b_at is None or b_at < self._at:
-            return max(0, self._room(None) - self.pass_bytes - sum(held.values()))
-        return max(0, self._headroom(held, self._at, b_at, self.pass_bytes, keep=True))
+            return max(0, self._room(None) - self.floor_bytes - sum(held.values()))
+        return max(0, self._headroom(held, self._at, b_at, self.floor_bytes, keep=True))
 
     def after_b(self, key: StageMicroBatch) -> Tuple[bool, List[StageMicroBatch]]:
         """After the B of ``key``: whether its session may keep its
         recomputation for W, and the bubble-prefired sessions to let go
-        first so that it may."""
+        first so that it may (the planner's ``keep_for_w``)."""
         pending = self.pending()
         held = self._held()
         holds = held[key]
         if self.bytes is None or holds == 0:  # one that holds nothing has nothing to let go
             return True, []
-        need = max(self.pass_bytes, holds)  # for a stage not seen close yet
-        b_at = self._b_at.get(key) if self.actions() else None
-        w_at = self._w_at.get(key) if b_at is not None else None
+        need = max(self.floor_bytes, holds)  # for a stage not seen close yet
         last = len(self.actions())
         prefired = sorted((k for k, mb in pending.items() if k != key and not mb.kept_for_w and held[k] > 0),
                           key=lambda k: self._b_at.get(k, last), reverse=True)
-        let_go: List[StageMicroBatch] = []
-        while True:
-            if w_at is None:
-                fits = sum(held.values()) + need <= self._room(None)
-            else:
-                # up to its W, which lets go of it: every other micro-batch at its floor meanwhile
-                fits = self._headroom(held, b_at + 1, w_at, need, keep=False, now=b_at) >= 0
-            if fits:
-                return True, let_go
-            if not prefired:
-                return False, []
-            k = prefired.pop(0)
-            held[k] = 0
-            let_go.append(k)
+        keys, actions, bytes_held, room = self._sessions(held, need)
+        b_at = self._b_at.get(key, -1) if actions else -1
+        decision = _C.keep_for_w(room, actions, bytes_held, keys[key], b_at, need, [keys[k] for k in prefired])
+        by_index = {i: k for k, i in keys.items()}
+        return decision.keep, [by_index[i] for i in decision.let_go]
 
     def _held(self) -> Dict[StageMicroBatch, int]:
         return {k: self.holds(mb) for k, mb in self.pending().items()}
 
-    def _headroom(self, held: Dict[StageMicroBatch, int], begin: int, end: int, unseen_need: int, keep: bool,
-                  now: Optional[int] = None) -> int:
-        """The least room the sessions leave of the budget from now (the
-        rank about to run action ``begin``, or running ``now``), holding
-        ``held``, through the actions ``begin:end`` (Note [A rank's byte
-        budget]; the count is the planner's, ``_C.least_session_room``).
-        Each B or full backward holds its stage's need less what is
-        prefired of it while it runs, and each W that recomputes its
-        stage's need; ``keep``: a later B keeps what it recomputed for W
-        (what its stage's trimmed sessions keep), else it lets go and its W
-        recomputes. A stage not seen close yet needs ``unseen_need``."""
+    def _sessions(self, held: Dict[StageMicroBatch, int], unseen_need: int) -> Tuple[
+            Dict[StageMicroBatch, int], List[Any], List[int], List[int]]:
+        """The rank's sessions as the planner counts them (Note [A rank's
+        byte budget]): an index per (stage, micro-batch), its actions
+        (``SessionAction``: each B or full backward holds its stage's need,
+        a stage not seen close yet ``unseen_need``; each W that recomputes
+        its stage's need), what each holds now, and the room at each action
+        (one entry, anywhere in the step, without an order of actions)."""
         pending = self.pending()
         actions = self.actions()
         keys: Dict[StageMicroBatch, int] = {k: i for i, k in enumerate(held)}
@@ -247,17 +233,27 @@ class RankBudget:
         bytes_held = [0] * len(keys)
         for k, n in held.items():
             bytes_held[keys[k]] = n
-        room = [self._room(at) for at in range(len(actions))]
-        return _C.least_session_room(room, session_actions, bytes_held, begin if now is None else now, begin, end,
-                                     keep)
+        room = [self._room(at) for at in range(len(actions))] if actions else [self._room(None)]
+        return keys, session_actions, bytes_held, room
+
+    def _headroom(self, held: Dict[StageMicroBatch, int], begin: int, end: int, unseen_need: int, keep: bool,
+                  now: Optional[int] = None) -> int:
+        """The least room the sessions leave of the budget from now (the
+        rank about to run action ``begin``, or running ``now``), holding
+        ``held``, through the actions ``begin:end`` (the planner's
+        ``least_session_room``); ``keep``: a later B keeps what it
+        recomputed for W (what its stage's trimmed sessions keep), else it
+        lets go and its W recomputes."""
+        _, actions, bytes_held, room = self._sessions(held, unseen_need)
+        return _C.least_session_room(room, actions, bytes_held, begin if now is None else now, begin, end, keep)
 
     def closed(self, stage: int, peak_bytes: int) -> None:
         """A session of ``stage`` closed after holding at most ``peak_bytes``."""
         self.stage_bytes[stage] = max(self.stage_bytes.get(stage, 0), peak_bytes)
-        if self.bytes is not None and self.pass_bytes > self.bytes and not self._warned:
+        if self.bytes is not None and self.floor_bytes > self.bytes and not self._warned:
             self._warned = True
             warnings.warn(
                 f"prefire.pipelining: budget_bytes={self.bytes} is below what one backward pass of a micro-batch "
-                f"holds while it runs ({self.pass_bytes} bytes, its checkpoints' recomputation): this rank keeps "
+                f"holds while it runs ({self.floor_bytes} bytes, its checkpoints' recomputation): this rank keeps "
                 "nothing for W and prefires nothing, and holds that much during each pass", UserWarning,
                 stacklevel=2)

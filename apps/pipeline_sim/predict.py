@@ -7,11 +7,12 @@ import dataclasses
 import statistics
 from typing import Any, Dict, List, Tuple
 
-from .._hook_points import Action
-from .config import SCHEDULES
-from .replay import Costs, KINDS, REPLAYED, overlaps, rank_orders, replay
-from .measured import _placement, _step_durations, _steps, measured_costs
-from .placement import Pipeline, floor_s
+from pipeline_bench.config import SCHEDULES, stage_rank
+from prefire.pipelining.actions import Action
+
+from .measured import _step_durations, _steps, measured_costs
+from .place import floor_s
+from .replay import KINDS, REPLAYED, Costs, Pipeline, overlaps, rank_orders, replay
 
 
 def _positions(costs: Costs, n_stages: int) -> Dict[str, Dict[str, float]]:
@@ -21,7 +22,7 @@ def _positions(costs: Costs, n_stages: int) -> Dict[str, Dict[str, float]]:
     out: Dict[str, Dict[str, float]] = {}
     middle = list(range(1, n_stages - 1))
     if not middle:
-        raise ValueError("prefire.pipeline_bench.simulate: predicting needs a measured run with a middle stage "
+        raise ValueError("pipeline_sim: predicting needs a measured run with a middle stage "
                          "(2 stages per rank: every schedule but 1f1b; 1f1b is predicted from interleaved-1f1b)")
     for mode, table in costs.action.items():
         for position, stages in (("first", [0]), ("middle", middle), ("last", [n_stages - 1])):
@@ -113,12 +114,12 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
     n_stages = SCHEDULES[schedule][1] * world
     modes = [m for m in REPLAYED if not (m == "bubble" and schedule == "1f1b")]  # no bubble hook in 1F1B
     orders, groups = rank_orders(schedule, world, 2 * world), overlaps(schedule, world, 2 * world)
-    placement = _placement(schedule, world)
-    runs = {mode: [replay(orders, placement, n_stages, dataclasses.replace(costs, instance=instance), mode, groups)
+    rank_of = stage_rank(schedule, world)
+    runs = {mode: [replay(orders, rank_of, n_stages, dataclasses.replace(costs, instance=instance), mode, groups)
                    for instance in scaled_steps(summary, "session" if mode == "bubble" else mode, schedule, world)]
             for mode in modes}
     step = {mode: statistics.median(r.step_s for r in replays) for mode, replays in runs.items()}
-    floor = statistics.median(floor_s(Pipeline(orders, placement, n_stages, dataclasses.replace(costs, instance=i),
+    floor = statistics.median(floor_s(Pipeline(orders, rank_of, n_stages, dataclasses.replace(costs, instance=i),
                                                groups)) for i in scaled_steps(summary, "session", schedule, world))
     waits = {mode: statistics.mean(sum(r.wait_s) for r in replays) for mode, replays in runs.items()}
     lazy = step["session"] - step["none"]

@@ -6,25 +6,25 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Sequence, Tuple
 
-from .. import _C
-from .._hook_points import planner_actions
-from .._pipeline_costs import CHECKPOINT, KEEP, OFFLOAD, SELECTIVE, lifetime
-from .config import SCHEDULES
-from .measured import _placement, measured_costs
+import prefire
+from pipeline_bench.config import SCHEDULES, stage_rank
+from prefire.pipelining.plans import rank_blocks, rank_items, stage_plans
+
+from .measured import measured_costs
 from .plan_search import Bandwidth, _with_plan, directions, with_bandwidth
 from .predict import measured_stage, scaled_costs
 from .replay import overlaps, rank_orders, replay
 
 
 # Note [Predicting plans on more ranks]
-# A memory sweep's plan-offload run (python -m prefire.pipeline_bench.sweep
+# A memory sweep's plan-offload run (python -m pipeline_bench.sweep
 # --offload) recorded each rank's block costs (Note [A pipeline rank's memory
 # plan]). ``predict-plans`` takes them to W ranks, weak scaling as ``predict``
 # does (micro-batches 2W; Note [What the simulator replays]): each stage's
 # blocks cost what the measured stage in its position did (first, last, the
 # middle ones in turn: ``measured_stage``), with their lifetimes over the
 # W-rank schedule's actions of the rank that runs them (the planner's own
-# ``_C.lifetime``). Each rank's budget is a fraction of what keeping every
+# ``rank_blocks``). Each rank's budget is a fraction of what keeping every
 # block holds there by the planner's count; at it the C++ planner chooses per
 # block and micro-batch as a pipeline rank does, twice: with offloading and
 # without it (recompute-only); where a plan cannot hold the budget (less than
@@ -49,23 +49,8 @@ def _plan_costs(summary: Dict[str, Any]) -> Tuple[str, Dict[int, List[Dict[str, 
                 for fields in rank["plan_costs"]:
                     by_stage.setdefault(fields["group"], []).append(dict(fields))
             return name, by_stage
-    raise ValueError("prefire.pipeline_bench.simulate: predict-plans needs a sweep with a plan-offload run "
-                     "(python -m prefire.pipeline_bench.sweep --offload)")
-
-
-def _choices(plan: Any, stages: Sequence[int], blocks: Dict[int, int], micro_batches: int) -> List[List[Any]]:
-    """A per-micro-batch plan's choices: per micro-batch, a choice per block of ``stages`` in order (the items
-    run stage by stage, then micro-batch, then block, as ``_C.per_micro_batch`` makes them)."""
-    out: List[List[Any]] = [[] for _ in range(micro_batches)]
-    at = 0
-    for stage in stages:
-        n = blocks[stage]
-        for m in range(micro_batches):
-            for i in range(at + m * n, at + (m + 1) * n):
-                out[m].append(OFFLOAD if plan.offloaded[i] else SELECTIVE if plan.selective[i]
-                              else CHECKPOINT if plan.checkpointed[i] else KEEP)
-        at += n * micro_batches
-    return out
+    raise ValueError("pipeline_sim: predict-plans needs a sweep with a plan-offload run "
+                     "(python -m pipeline_bench.sweep --offload)")
 
 
 def _bandwidth_of(costs: Sequence[Any]) -> Tuple[float, float]:
@@ -90,35 +75,27 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
     measured_stages = SCHEDULES[schedule][1] * cfg["world"]
     n_stages, micro_batches = SCHEDULES[schedule][1] * world, 2 * world
     orders, groups = rank_orders(schedule, world, micro_batches), overlaps(schedule, world, micro_batches)
-    placement = _placement(schedule, world)
+    rank_of = stage_rank(schedule, world)
     costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
-    release = _C.Release.AT_STEP_END
+    release = prefire.Release.AT_STEP_END
     assumed = min(directions(bandwidth)) > 0
 
-    ranks = []  # per rank: its stages, its block costs with and without offloading, their per-micro-batch items
+    ranks = []  # per rank: its blocks with and without offloading offered
     for rank in range(world):
-        stages = sorted(s for s in range(n_stages) if placement(s) == rank)
-        actions = planner_actions(orders[rank])
-        blocks: List[Any] = []
-        for stage in stages:
-            life = lifetime(orders[rank], stage)
-            alive = list(life.alive)
-            for fields in measured[measured_stage(stage, n_stages, measured_stages)]:
-                blocks.append(_C.BlockCost.from_dict(dict(
-                    fields, group=stage, alive=alive, done=list(life.done), passes=list(life.passes),
-                    in_flight=max(alive, default=micro_batches) or 1)))
+        stages = sorted(s for s in range(n_stages) if rank_of(s) == rank)
+        blocks = [prefire.BlockCost.from_dict(dict(fields, group=stage)) for stage in stages
+                  for fields in measured[measured_stage(stage, n_stages, measured_stages)]]
+        blocks = rank_blocks(blocks, orders[rank], micro_batches)
         if assumed:
             blocks = with_bandwidth(blocks, bandwidth)
-        recompute_only = [_C.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in blocks]
-        ranks.append((stages, {s: sum(b.group == s for b in blocks) for s in stages}, blocks,
-                      _C.per_micro_batch(blocks, actions, micro_batches),
-                      _C.per_micro_batch(recompute_only, actions, micro_batches)))
-    all_blocks = [b for _, _, blocks, _, _ in ranks for b in blocks]
+        recompute_only = [prefire.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in blocks]
+        ranks.append((rank, blocks, recompute_only))
+    all_blocks = [b for _, blocks, _ in ranks for b in blocks]
 
     def step(options: List[List[Any]]) -> float:
-        return replay(orders, placement, n_stages, _with_plan(costs, all_blocks, options), "plan", groups).step_s
+        return replay(orders, rank_of, n_stages, _with_plan(costs, all_blocks, options), "plan", groups).step_s
 
-    none_s = replay(orders, placement, n_stages, costs, "none", groups).step_s
+    none_s = replay(orders, rank_of, n_stages, costs, "none", groups).step_s
     rows = []
     for fraction in fractions:
         row: Dict[str, Any] = {"schedule": schedule, "world": world, "micro_batches": micro_batches,
@@ -126,20 +103,24 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
                                "bandwidth": directions(bandwidth) if assumed else _bandwidth_of(all_blocks),
                                "bandwidth_assumed": assumed}
         for kind in ("offload", "recompute"):
-            per_rank, budgets, held, fits, offloaded = [], [], [], True, 0
-            for stages, counts, _, with_offload, without in ranks:
-                items = with_offload if kind == "offload" else without
-                budget = int(fraction * _C.plan_bytes(items, [False] * len(items), 0, release))
-                least = _C.least_plan_bytes(items, release)
+            options: List[List[Any]] = [[] for _ in range(micro_batches)]  # per micro-batch, every rank's blocks
+            budgets, held, fits, offloaded, items_in_all = [], [], True, 0, 0
+            for rank, with_offload, without in ranks:
+                blocks = with_offload if kind == "offload" else without
+                items = rank_items(blocks, orders[rank], micro_batches)
+                budget = int(fraction * prefire.plan_bytes(items, [False] * len(items), 0, release))
+                least = prefire.least_plan_bytes(items, release)
                 fits = fits and budget >= least
-                plan = _C.plan_for_budget(items, max(budget, least), release)
+                plan = prefire.plan_for_budget(items, max(budget, least), release)
                 budgets.append(budget)
                 held.append(plan.peak_bytes)
-                offloaded += sum(plan.offloaded)
-                per_rank.append(_choices(plan, stages, counts, micro_batches))
-            options = [[o for rank_choices in per_rank for o in rank_choices[m]] for m in range(micro_batches)]
+                offloaded += sum(c == prefire.Choice.OFFLOAD for c in plan.choices)
+                items_in_all += len(items)
+                for stage_plan in stage_plans(plan, blocks, micro_batches):
+                    for m, choices in enumerate(stage_plan.choices):
+                        options[m] += choices
             row[kind] = {"step_s": step(options), "fits": fits, "budgets": budgets, "peak_bytes": held,
-                         "offloaded_items": offloaded, "items": sum(len(rank[3]) for rank in ranks)}
+                         "offloaded_items": offloaded, "items": items_in_all}
         row["offload_over_recompute"] = row["offload"]["step_s"] / row["recompute"]["step_s"]
         rows.append(row)
     return rows

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch.distributed import pipelining as pp
 
 from .model import ModelConfig
 
-#: name -> (schedule class, stages per rank, placement: "loop" puts stage
+#: name -> (schedule class, stages per rank, layout: "loop" puts stage
 #: r + k * world on rank r, "v" puts r and 2 * world - 1 - r there)
 SCHEDULES = {
     "1f1b": (pp.Schedule1F1B, 1, "loop"),
@@ -29,7 +29,7 @@ MODES = ("none", "torch", "session", "bubble", "budget")
 #: placed: prefire.checkpoint, sessions and the bubble prefires of ``RunConfig.placement`` in place of the
 #: filler's rules (Note [Running a placement])
 PLACED_MODE = "placed"
-#: the memory sweep's (``python -m prefire.pipeline_bench.sweep``): torch-every<n>:
+#: the memory sweep's (``python -m pipeline_bench.sweep``): torch-every<n>:
 #: torch.utils.checkpoint on the blocks whose index is a multiple of n; plan:
 #: sessions under ``enable(schedule, memory_budget=...)``, one run per
 #: fraction in ``RunConfig.memory_budgets``; plan-bubble: the same with
@@ -98,9 +98,16 @@ class RunConfig:
 
 
 def stage_indices(schedule: str, rank: int, world: int) -> List[int]:
-    _, per_rank, placement = SCHEDULES[schedule]
-    if placement == "v":
+    """The stages ``rank`` runs, by the schedule's layout."""
+    _, per_rank, layout = SCHEDULES[schedule]
+    if layout == "v":
         return [rank, 2 * world - 1 - rank]
     return [rank + k * world for k in range(per_rank)]
+
+
+def stage_rank(schedule: str, world: int) -> Callable[[int], int]:
+    """The rank that runs each stage (the inverse of :func:`stage_indices`)."""
+    owner = {stage: rank for rank in range(world) for stage in stage_indices(schedule, rank, world)}
+    return owner.__getitem__
 
 

@@ -15,11 +15,11 @@ from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
 import torch
+from prefire.pipelining.placement import check_placement_file
 
 from .config import MODES, PLACED_MODE, PLAN_MODES, SCHEDULES, SWEEP_MODES, RunConfig
 from .launch import run_ranks
 from .model import ModelConfig, check_config, reference_gradients
-from .placement import check_placement_file
 from .report import TIMES, compare_gradients, plot, summarize, table
 
 
@@ -41,7 +41,7 @@ def _merge_rounds(rounds: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
 def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[str, Any]:
     """Runs the modes of ``config`` on ``world`` ranks, ``rounds`` times (a
     new set of processes each time), and returns the summary (see
-    :func:`prefire.pipeline_bench.report.summarize`). Within a round the modes'
+    :func:`pipeline_bench.report.summarize`). Within a round the modes'
     steps take turns, so that every mode runs under the same conditions."""
     if config.schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {config.schedule!r}; one of {', '.join(SCHEDULES)}")
@@ -71,7 +71,7 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
             raise ValueError("budget mode learns what a rank holds in warm-up: warmup must be at least 1")
     if (PLACED_MODE in modes) != (config.placement is not None):
         raise ValueError("placed mode runs a placement and a placement needs placed mode: pass both --modes ...,placed "
-                         "and --placement FILE (python -m prefire.pipeline_bench.simulate place --write-placement)")
+                         "and --placement FILE (python -m pipeline_sim place --write-placement)")
     if config.placement is not None:
         check_placement_file(config.placement, config.schedule, world, config.model.micro_batches)
     if config.schedule == "1f1b" and {"bubble", "budget", PLACED_MODE} & set(modes):
@@ -90,7 +90,7 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     grads: Dict[str, Dict[str, Any]] = {}
     for round_index in range(rounds):
         if log:
-            log(f"prefire.pipeline_bench: {', '.join(names)} on {world} ranks, round {round_index + 1} of {rounds}")
+            log(f"pipeline_bench: {', '.join(names)} on {world} ranks, round {round_index + 1} of {rounds}")
         ranks, rank_grads = run_ranks(config, world)
         for mode in names:
             results[mode].append([dict(r["modes"][mode]) for r in ranks])
@@ -106,13 +106,13 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
 
 def main(argv: Optional[List[str]] = None) -> int:
     d = ModelConfig()
-    p = argparse.ArgumentParser(prog="python -m prefire.pipeline_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pipeline_bench", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--world", type=int, default=2, help="ranks (processes, Gloo on CPU)")
     p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv", help="torch.distributed.pipelining schedule")
     p.add_argument("--modes", default=",".join(MODES),
                    help="comma-separated, from: " + ", ".join(MODES + (PLACED_MODE,) + SWEEP_MODES)
-                        + " (the last ones are the memory sweep's: python -m prefire.pipeline_bench.sweep)")
+                        + " (the last ones are the memory sweep's: python -m pipeline_bench.sweep)")
     p.add_argument("--steps", type=int, default=5, help="measured steps per mode (medians reported)")
     p.add_argument("--rounds", type=int, default=1,
                    help="runs (new processes each); times are medians over rounds")
@@ -131,7 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per round before its ranks are killed")
     p.add_argument("--placement", metavar="FILE",
                    help="placed mode's bubble prefires, as the simulator's search placed them (python -m "
-                        "prefire.pipeline_bench.simulate place RUN.json --schedules S --ranks N "
+                        "pipeline_sim place RUN.json --schedules S --ranks N "
                         "--write-placement FILE)")
     p.add_argument("--json", metavar="PATH", help="write the summary as JSON ('-': standard output)")
     p.add_argument("--plot", metavar="PATH", help="write the timeline plot (PNG, SVG or PDF by the name)")

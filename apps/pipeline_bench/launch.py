@@ -48,8 +48,8 @@ if sys.platform.startswith("linux"):
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != int(sys.argv[1]):  # the launcher died before that
         os._exit(70)
-sys.argv = ["prefire.pipeline_bench.worker"] + sys.argv[2:]
-runpy.run_module("prefire.pipeline_bench.worker", run_name="__main__", alter_sys=True)
+sys.argv = ["pipeline_bench.worker"] + sys.argv[2:]
+runpy.run_module("pipeline_bench.worker", run_name="__main__", alter_sys=True)
 """
 
 _JANITOR = """\
@@ -62,6 +62,9 @@ for _ in range(10):  # ranks dying with the launcher may still hold files for a 
         break
     time.sleep(0.2)
 """
+
+
+_APPS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder that holds this program
 
 
 class Terminated(SystemExit):
@@ -121,7 +124,7 @@ def _failure_report(procs: List[subprocess.Popen], logs: List[str], outs: List[s
         first = "(it wrote no exception: killed, or it died in native code)\n"
     others = ", ".join(f"rank {q}: {'running' if p.poll() is None else p.returncode}"
                        for q, p in enumerate(procs) if q != r)
-    return (f"prefire.pipeline_bench: rank {r} failed (exit {procs[r].returncode}; {others}). Its exception:\n{first}"
+    return (f"pipeline_bench: rank {r} failed (exit {procs[r].returncode}; {others}). Its exception:\n{first}"
             f"Its last output lines:\n{_tail(logs[r])}")
 
 
@@ -161,6 +164,8 @@ def _run_ranks_in(work: str, cfg: RunConfig, world: int):
                           timeout=timedelta(seconds=cfg.timeout_s))
     env = dict(os.environ)
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # the ranks import this program from where it is (apps/), whatever the launcher's sys.path
+    env["PYTHONPATH"] = os.pathsep.join([_APPS] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     procs: List[subprocess.Popen] = []
     logs = [os.path.join(work, f"rank{r}.log") for r in range(world)]
     outs = [os.path.join(work, f"rank{r}") for r in range(world)]
@@ -178,7 +183,7 @@ def _run_ranks_in(work: str, cfg: RunConfig, world: int):
             if all(p.poll() == 0 for p in procs):
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"prefire.pipeline_bench: the ranks ran past {cfg.timeout_s:.0f} s; "
+                raise TimeoutError(f"pipeline_bench: the ranks ran past {cfg.timeout_s:.0f} s; "
                                    f"rank 0's output:\n{_tail(logs[0])}")
             time.sleep(0.05)
     finally:

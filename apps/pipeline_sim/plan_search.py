@@ -7,16 +7,17 @@ import itertools
 import math
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
-from .. import _C
-from .._hook_points import Action
-from .._pipeline_costs import CHECKPOINT, KEEP, OFFLOAD, SELECTIVE  # the planner's choices (_C.Choice)
-from .config import SCHEDULES
+import prefire
+import prefire.pipelining.plans
+from pipeline_bench.config import SCHEDULES, stage_rank
+from prefire.pipelining.actions import Action
+
+from .measured import measured_costs
 from .replay import Costs, overlaps, rank_orders, replay
-from .measured import _placement, measured_costs
 
 
 # Note [Searching per-block plans]
-# A memory sweep (python -m prefire.pipeline_bench.sweep) runs prefire's plan at
+# A memory sweep (python -m pipeline_bench.sweep) runs prefire's plan at
 # several budgets and records what each rank's plan was chosen from (its
 # blocks' costs, Note [A pipeline rank's memory plan]). ``search`` tries
 # every keep/checkpoint choice of every block on every rank (and the
@@ -40,27 +41,15 @@ from .measured import _placement, measured_costs
 
 def _plan_of(rank: Dict[str, Any]) -> Tuple[List[Any], List[List[Any]]]:
     """A plan run's rank: its blocks' costs and prefire's choice, per
-    micro-batch (a Choice per block, in the plan's order)."""
+    micro-batch (a Choice per block, in the plan's order: stage by stage)."""
     if any(not isinstance(fields, dict) for fields in rank["plan_costs"]):
-        raise ValueError("prefire.pipeline_bench.simulate: this sweep's plan_costs are lists of values by position, "
-                         "as an older prefire wrote them; run the sweep again (costs are written by field name)")
-    costs = [_C.BlockCost.from_dict(fields) for fields in rank["plan_costs"]]
-    stages = sorted(rank["plan"], key=int)
-
-    def per_micro_batch(plan: Dict[str, Any], stage: str) -> List[List[bool]]:
-        got = plan.get(stage)
-        if got is None:
-            return [[False] * len(rank["plan"][stage][0])] * len(rank["plan"][stage])
-        return got
-
-    checkpointed = {stage: per_micro_batch(rank["plan"], stage) for stage in stages}
-    selective = {stage: per_micro_batch(rank.get("plan_selective") or {}, stage) for stage in stages}
-    offloaded = {stage: per_micro_batch(rank.get("plan_offloaded") or {}, stage) for stage in stages}
-    micro_batches = len(checkpointed[stages[0]])
-    chosen = [[OFFLOAD if off else SELECTIVE if sel else CHECKPOINT if c else KEEP for stage in stages
-               for c, sel, off in zip(checkpointed[stage][m], selective[stage][m], offloaded[stage][m])]
-              for m in range(micro_batches)]
-    return costs, chosen
+        raise ValueError("pipeline_sim: this sweep's plan_costs are lists of values by position, as an older prefire "
+                         "wrote them; run the sweep again (costs are written by field name)")
+    costs = [prefire.BlockCost.from_dict(fields) for fields in rank["plan_costs"]]
+    stages = [prefire.pipelining.plans.StagePlan.from_dict({"stage": int(stage), "choices": choices, "pass_bytes": 0})
+              for stage, choices in sorted(rank["plan"].items(), key=lambda item: int(item[0]))]
+    micro_batches = len(stages[0].choices)
+    return costs, [[c for stage in stages for c in stage.choices[m]] for m in range(micro_batches)]
 
 
 #: bytes per second to an offload tier and back; one number: the same both ways
@@ -75,18 +64,14 @@ def directions(bandwidth: Bandwidth) -> Tuple[float, float]:
 def with_bandwidth(costs: List[Any], bandwidth: Bandwidth) -> List[Any]:
     """``costs`` with each offloadable block's copies at ``bandwidth`` (its
     moved bytes to the tier and back)."""
-    out_bw, back_bw = directions(bandwidth)
-    out = []
-    for cost in costs:
-        fields = cost.to_dict()
-        if fields["offload_bytes"] >= 0:
-            fields["offload_seconds"] = fields["offload_moved_bytes"] / out_bw + fields["offload_moved_bytes"] / back_bw
-        out.append(_C.BlockCost.from_dict(fields))
-    return out
+    to_tier, back = directions(bandwidth)
+    return [prefire.with_offload(c, moved_bytes=c.offload_moved_bytes,
+                                 copy_seconds=prefire.copy_seconds(c.offload_moved_bytes, to_tier, back))
+            if c.offload_bytes >= 0 else c for c in costs]
 
 
 def _plan_bytes(blocks: Sequence[Any], choices: Sequence[Any]) -> int:
-    return _C.describe_plan(list(blocks), list(choices), 0, 0, _C.Release.AT_STEP_END).peak_bytes
+    return prefire.describe_plan(list(blocks), list(choices), 0, 0, prefire.Release.AT_STEP_END).peak_bytes
 
 
 def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[Any]]) -> Costs:
@@ -102,7 +87,7 @@ def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[A
     for mb, per_block in enumerate(options):
         chosen: Dict[int, float] = {}
         for cost, o in zip(blocks, per_block):
-            chosen[cost.group] = chosen.get(cost.group, 0.0) + _C.choice_seconds(cost, o)
+            chosen[cost.group] = chosen.get(cost.group, 0.0) + prefire.choice_seconds(cost, o)
         for (kind, stage), base in none.items():
             share = chosen.get(stage, 0.0) / total[stage] if total.get(stage) else 0.0
             instance[(kind, stage, mb)] = base + share * max(0.0, session.get((kind, stage), base) - base)
@@ -121,10 +106,10 @@ def search(summary: Dict[str, Any], bandwidth: Bandwidth = 0.0) -> List[Dict[str
     orders = rank_orders(schedule, world, micro_batches)
     groups = overlaps(schedule, world, micro_batches)
     n_stages = SCHEDULES[schedule][1] * world
-    placement = _placement(schedule, world)
+    rank_of = stage_rank(schedule, world)
 
     def step(blocks: Sequence[Any], options: Sequence[Sequence[Any]]) -> float:
-        return replay(orders, placement, n_stages, _with_plan(costs, blocks, options), "plan", groups).step_s
+        return replay(orders, rank_of, n_stages, _with_plan(costs, blocks, options), "plan", groups).step_s
 
     rows = []
     for name, mode in summary["modes"].items():
@@ -136,8 +121,7 @@ def search(summary: Dict[str, Any], bandwidth: Bandwidth = 0.0) -> List[Dict[str
         budgets = [r["memory_budget"] for r in mode["ranks"]]
         fitting = []
         for (blocks, _), budget in zip(plans, budgets):
-            choices = itertools.product(*[(KEEP, CHECKPOINT) + ((SELECTIVE,) if b.selective_bytes >= 0 else ())
-                                          + ((OFFLOAD,) if b.offload_bytes >= 0 else ()) for b in blocks])
+            choices = itertools.product(*[prefire.offered_choices(b) for b in blocks])
             fitting.append([list(c) for c in choices if _plan_bytes(blocks, c) <= budget])
         blocks = [b for rank_blocks, _ in plans for b in rank_blocks]
         best_s, best = float("inf"), None

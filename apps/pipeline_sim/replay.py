@@ -1,12 +1,12 @@
-"""The replay of the pipeline simulator (``python -m prefire.pipeline_bench.simulate``):
+"""The replay of the pipeline simulator (``python -m pipeline_sim``):
 torch's orders of actions for any number of ranks, and a timeline of them
 with measured durations.
 
-    python -m prefire.pipeline_bench --schedule zbv --modes none,torch,session,bubble --json zbv.json
-    python -m prefire.pipeline_bench.simulate validate zbv.json
-    python -m prefire.pipeline_bench.simulate predict zbv.json --ranks 4,8,16
-    python -m prefire.pipeline_bench.sweep --json sweep.json
-    python -m prefire.pipeline_bench.simulate search sweep.json
+    python -m pipeline_bench --schedule zbv --modes none,torch,session,bubble --json zbv.json
+    python -m pipeline_sim validate zbv.json
+    python -m pipeline_sim predict zbv.json --ranks 4,8,16
+    python -m pipeline_bench.sweep --json sweep.json
+    python -m pipeline_sim search sweep.json
 
 Note [What the simulator replays]
 The order is torch's own: each rank's compute actions as the schedule
@@ -54,7 +54,7 @@ recomputes), each down to what it takes without checkpoints.
 Mode placed replays session's durations with recompute actions of
 their own where a placement puts them (before an action: the rank runs
 them when it reaches the action, then the action as soon as what it
-consumes is there; Note [Where recomputation can run] in placement.py),
+consumes is there; Note [Where recomputation can run] in place.py),
 the passes shortened as in bubble mode; ``validate`` replays a run's
 placed mode (the pipeline program's ``--placement``) so, on session mode's
 steps of the same index.
@@ -86,15 +86,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .._hook_points import Action, compute_actions
-from .config import SCHEDULES, stage_indices
+from pipeline_bench.config import SCHEDULES, stage_indices
+from prefire.pipelining.actions import Action, compute_actions
+from prefire.pipelining.placement import Placement
 
 
 StageMicroBatch = Tuple[int, int]  # (stage, micro-batch)
 KINDS = ("F", "B", "W", "BW")
 REPLAYED = ("none", "torch", "session", "bubble")
-#: recomputation placed as actions of their own: before an action, (stage, micro-batch, checkpoints) to recompute
-Placement = Dict[Action, List[Tuple[int, int, int]]]
 
 
 class _StandInStage:
@@ -319,5 +318,20 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                 ran += 1
         if not ran:
             stuck = {rank: orders[rank][at[rank]] for rank in range(world) if at[rank] < len(orders[rank])}
-            raise RuntimeError(f"prefire.pipeline_bench.simulate: the schedule's order deadlocks at {stuck}")
+            raise RuntimeError(f"pipeline_sim: the schedule's order deadlocks at {stuck}")
     return Replay(max(free) + costs.tail, wait, prefire, waited, events)
+
+
+@dataclass
+class Pipeline:
+    """One schedule on a number of ranks, as the replay takes it."""
+
+    orders: Sequence[Sequence[Action]]
+    stage_rank: Callable[[int], int]
+    n_stages: int
+    costs: Costs
+    groups: Sequence[Tuple[Action, ...]] = ()
+
+    def run(self, mode: str, placement: Optional[Placement] = None) -> Replay:
+        return replay(self.orders, self.stage_rank, self.n_stages, self.costs, mode, self.groups,
+                      placement=placement)

@@ -1,7 +1,8 @@
 """The costs of a pipeline rank's blocks, from what its measuring forwards
-and Ws measured (Note [A pipeline rank's memory plan] in _pipeline_plan.py):
-pure arithmetic on the measurements, the planner's own rules asked of the
-C++ planner (``_C.lifetime``)."""
+and Ws measured (Note [A pipeline rank's memory plan] in _plan.py): what
+each block was seen to hold and take, as BlockCosts. What a plan makes of
+them (lifetimes, offloading's costs, what a plan holds) is the C++
+planner's."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _C
-from ._hook_points import Action, planner_actions
-from ._measuring import OFFLOAD_HIDDEN, Measured
+from .. import _C
+from .._measuring import Measured
 
 KEEP, CHECKPOINT, SELECTIVE, OFFLOAD = _C.Choice.KEEP, _C.Choice.CHECKPOINT, _C.Choice.SELECTIVE, _C.Choice.OFFLOAD
 
@@ -30,50 +30,35 @@ class StageMeasured:
     copies: List[List[Tuple[int, float]]] = field(default_factory=list)  # per block, per run: (bytes moved, seconds)
 
 
-def stage_costs(measured: StageMeasured, actions: List[Action], stage: int, micro_batches: int,
-                last: bool) -> List[Any]:
-    """One BlockCost per block of ``stage``: the most it was measured to
-    hold per choice, its median times, alive from each micro-batch's F to
-    its W over the rank's ``actions`` (every micro-batch at every moment
-    without them) and what it holds after W (``last``: the last stage, whose
-    blocks may hold their graph past W until seen not to)."""
-    life = lifetime(actions, stage)
-    moments, done, passes = list(life.alive), list(life.done), list(life.passes)
-    flight = max(moments, default=micro_batches) or 1
+def stage_costs(measured: StageMeasured, stage: int, last: bool) -> List[Any]:
+    """One BlockCost per block of ``stage`` (its group): the most it was
+    measured to hold per choice, its median times, what it holds after its
+    micro-batch's W (``last``: the last stage, whose blocks may hold their
+    graph past W until seen not to) and, where offloading is a choice, its
+    copies (the planner's ``with_offload``). The planner's ``rank_blocks``
+    gives them their stage's lifetime over the rank's actions."""
     # per choice, per block: what it holds (selective: -1 where a block has none)
     wholes = {KEEP: [max(kept for kept, _ in runs) for runs in measured.blocks],
               CHECKPOINT: [max(r.input_bytes for _, r in runs) for runs in measured.blocks],
               SELECTIVE: [-1 if min(r.selective_bytes for _, r in runs) < 0
                           else max(r.selective_bytes for _, r in runs) for runs in measured.blocks]}
-    offloadable = any(measured.copies)
-    if offloadable:  # offloaded, a block holds nothing on the device until its fetch (its tier takes every storage)
-        wholes[OFFLOAD] = [0] * len(measured.blocks)
     shares = {c: _share(measured.after[c], wholes[c]) for c in wholes}
     costs = []
     for index, runs in enumerate(measured.blocks):
         after = {c: _after(measured.after[c][index], max(0, wholes[c][index]), last, shares[c]) for c in wholes}
-        offload = {}
-        if offloadable:
-            copies = measured.copies[index]
-            offload = dict(offload_bytes=0, offload_moved_bytes=max(moved for moved, _ in copies),
-                           offload_seconds=statistics.median(seconds for _, seconds in copies),
-                           offload_hidden=OFFLOAD_HIDDEN, offload_after_bytes=after[OFFLOAD])
         selective = wholes[SELECTIVE][index]
-        costs.append(_C.BlockCost(
+        cost = _C.BlockCost(
             saved_bytes=wholes[KEEP][index], input_bytes=wholes[CHECKPOINT][index],
-            recompute_seconds=statistics.median(r.seconds for _, r in runs), in_flight=flight, group=stage,
-            alive=moments, done=done, passes=passes, saved_after_bytes=after[KEEP],
-            input_after_bytes=after[CHECKPOINT], selective_bytes=selective,
+            recompute_seconds=statistics.median(r.seconds for _, r in runs), group=stage,
+            saved_after_bytes=after[KEEP], input_after_bytes=after[CHECKPOINT], selective_bytes=selective,
             selective_seconds=statistics.median(r.selective_seconds for _, r in runs) if selective >= 0 else 0.0,
-            selective_after_bytes=after[SELECTIVE] if selective >= 0 else 0, **offload))
+            selective_after_bytes=after[SELECTIVE] if selective >= 0 else 0)
+        copies = measured.copies[index] if measured.copies else []
+        if copies:  # an offload moves what keeping it holds, each way
+            cost = _C.with_offload(cost, moved_bytes=max(moved for moved, _ in copies),
+                                   copy_seconds=statistics.median(seconds for _, seconds in copies))
+        costs.append(cost)
     return costs
-
-
-def lifetime(actions: List[Action], stage: int, micro_batch: Optional[int] = None) -> Any:
-    """The planner's lifetime of ``stage``'s micro-batches over the rank's
-    ``actions`` (``micro_batch``: of that one alone): per action, how many
-    are alive (between F and W), done, and in a pass (``_C.lifetime``)."""
-    return _C.lifetime(planner_actions(actions), stage, -1 if micro_batch is None else micro_batch)
 
 
 def _after(measured: Optional[int], whole: int, last: bool, share: Optional[float]) -> int:

@@ -1,21 +1,5 @@
-"""A timeline simulator of pipeline schedules: what the pipeline program
-would measure on more ranks than this machine can time.
-
-    python -m prefire.pipeline_bench --schedule zbv --modes none,torch,session,bubble --json zbv.json
-    python -m prefire.pipeline_bench.simulate validate zbv.json
-    python -m prefire.pipeline_bench.simulate predict zbv.json --ranks 4,8,16
-    python -m prefire.pipeline_bench.simulate place zbv.json --ranks 2,4,8,16
-    python -m prefire.pipeline_bench.sweep --json sweep.json
-    python -m prefire.pipeline_bench.simulate search sweep.json
-    python -m prefire.pipeline_bench.sweep --offload --json sweep.json
-    python -m prefire.pipeline_bench.simulate predict-plans sweep.json --ranks 4,8,16
-
-The replay: replay.py (Note [What the simulator replays]); costs from a
-run and ``validate``: measured.py; ``predict``: predict.py; ``place``
-(where recomputation can run): placement.py; ``search``: plan_search.py;
-``predict-plans`` (memory plans with and without offloading on more ranks):
-plan_predict.py.
-"""
+"""The simulator's command line, ``python -m pipeline_sim COMMAND``
+(the package's docstring lists the commands)."""
 
 from __future__ import annotations
 
@@ -24,12 +8,16 @@ import json
 import sys
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .measured import _placement, validate
-from .placement import compare, placement_file
+from pipeline_bench.config import stage_rank
+from pipeline_bench.report import cell
+from pipeline_bench.sweep import plan_letters
+from prefire.pipelining.placement import placement_file
+
+from .compare import compare
+from .measured import validate
 from .plan_predict import predict_plans
 from .plan_search import search
 from .predict import predict
-from .report import cell
 
 
 def _gb_per_s(text: str) -> Union[float, Tuple[float, float]]:
@@ -46,9 +34,9 @@ def _read(path: str) -> Dict[str, Any]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m prefire.pipeline_bench.simulate",
+    p = argparse.ArgumentParser(prog="python -m pipeline_sim",
                                 description="Replays pipeline schedules with durations a 2-rank run of "
-                                            "python -m prefire.pipeline_bench measured (its --json summary).")
+                                            "python -m pipeline_bench measured (its --json summary).")
     sub = p.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="each run's modes, measured against their replay")
     v.add_argument("runs", nargs="+", metavar="SUMMARY.json")
@@ -73,7 +61,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="write the search's placement (the rules' above --search-ranks) for the pipeline program's "
                          "--placement (one schedule, one rank count)")
     se = sub.add_parser("search", help="a memory sweep's plans against the fastest per-block plan within each "
-                                       "budget (python -m prefire.pipeline_bench.sweep --json)")
+                                       "budget (python -m pipeline_bench.sweep --json)")
     se.add_argument("runs", nargs="+", metavar="SWEEP.json")
     se.add_argument("--bandwidth", type=_gb_per_s, default=0.0, metavar="GB/S[,GB/S]",
                     help="plan-offload runs: an assumed offload tier moving this many GB per second to it and back "
@@ -97,8 +85,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for summary in summaries:
             for row in search(summary, a.bandwidth):
                 def letters(plan):  # per micro-batch, split by / where they differ
-                    per_micro_batch = ["".join("kcso"[int(o)] for o in options) for options in plan]
-                    return per_micro_batch[0] if len(set(per_micro_batch)) == 1 else "/".join(per_micro_batch)
+                    return plan_letters([[c.name for c in options] for options in plan])
                 print(f"{summary['config']['schedule']:14} {row['name']:9} {row['plans_tried']:5d} "
                       f"{row['best_s'] * 1e3:8.1f} {row['chosen_s'] * 1e3:10.1f} {row['chosen_over_best']:12.3f} "
                       f"{row['measured_s'] * 1e3:11.1f}  {letters(row['best'])} / {letters(row['chosen'])}")
@@ -195,7 +182,10 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
             json.dump([{k: v for k, v in r.items() if not k.endswith("placement")} for r in rows], f, indent=1)
     if a.write_placement:
         with open(a.write_placement, "w") as f:
-            json.dump(placement_file(rows[0], _placement(rows[0]["schedule"], rows[0]["world"])), f)
+            row = rows[0]
+            placement = row.get("placement", row["rules_placement"])  # the search's, else the rules'
+            json.dump(placement_file(placement, row["schedule"], row["world"], row["micro_batches"],
+                                     stage_rank(row["schedule"], row["world"])), f)
     return 0
 
 

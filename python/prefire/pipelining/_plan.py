@@ -100,13 +100,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _C
+from .. import _C
+from .._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors
+from .._meter import SavedTensorMeter
+from .._selective import context_fn, mode_costs
 from ._budget import RankBudget
-from ._meter import SavedTensorMeter
-from ._hook_points import Action, planner_actions
-from ._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors
-from ._pipeline_costs import CHECKPOINT, KEEP, OFFLOAD, SELECTIVE, StageMeasured, stage_costs
-from ._selective import context_fn, mode_costs
+from ._costs import CHECKPOINT, KEEP, OFFLOAD, SELECTIVE, StageMeasured, stage_costs
+from .actions import Action, planner_actions
 
 
 _log = logging.getLogger("prefire")
@@ -116,16 +116,25 @@ PlanKey = Tuple[Tuple[int, Signature], ...]  # ((stage, signature), ...) for the
 
 @dataclass
 class RankPlan:
-    """The plan of one key: per stage and micro-batch, which of its blocks
-    are checkpointed."""
+    """The plan of one key: the C++ planner's plan of the rank's items, and
+    what it says per stage (``StagePlan``: a choice per micro-batch and
+    block, what one pass of the stage holds)."""
 
     key: PlanKey
-    costs: List[_C.BlockCost]  # per block, the stages in the key's order (what the measuring step found)
+    costs: List[_C.BlockCost]  # per block, the stages in the key's order: what the measuring step found, with lifetimes
     plan: _C.Plan              # a choice per (stage, micro-batch, block) where the actions are known, else per block
-    pass_bytes: Dict[int, int]  # per stage, the most one of its passes holds (the planner's Plan.pass_bytes)
-    checkpointed: Dict[int, List[List[bool]]]  # per stage, micro-batch and block: checkpointed, selectively or not
-    selective: Dict[int, List[List[bool]]]
-    offloaded: Dict[int, List[List[bool]]]
+    stages: Dict[int, _C.StagePlan]
+
+    def choices(self, stage: int, micro_batch: int) -> List[_C.Choice]:
+        """Per block, the choice of ``stage``'s forward of ``micro_batch``
+        (a step of more micro-batches than planned: as many as a plan has)."""
+        per_micro_batch = self.stages[stage].choices
+        return list(per_micro_batch[micro_batch % len(per_micro_batch)])
+
+    @property
+    def checkpointed(self) -> Dict[int, List[List[bool]]]:
+        """Per stage, micro-batch and block: checkpointed (whole, selectively or offloaded) rather than kept."""
+        return {s: [[c != KEEP for c in blocks] for blocks in p.choices] for s, p in self.stages.items()}
 
     @property
     def session_bytes(self) -> int:
@@ -247,12 +256,12 @@ class RankPlanner:
         self._latest[stage] = signature
         current = self._current
         if current is not None and (stage, signature) in current.key:
-            return _choices_of(current, stage, micro_batch)
+            return current.choices(stage, micro_batch)
         for plan in self._plans.values():  # a signature planned before
             if (stage, signature) in plan.key:
                 self._current = plan
                 self._use(plan)
-                return _choices_of(plan, stage, micro_batch)
+                return plan.choices(stage, micro_batch)
         if not self._measuring:
             self._measuring = True
             self.measuring_steps += 1
@@ -330,104 +339,72 @@ class RankPlanner:
             self._current = self._choose(self._current.key)
 
     def _items(self, key: PlanKey) -> Tuple[List[Any], List[Any]]:
-        """The costs of ``key``'s blocks, and the planner's items: per (stage,
-        micro-batch, block) where the rank's actions say when each runs."""
+        """The blocks of ``key`` with their stage's lifetimes, and the
+        planner's items: per (stage, micro-batch, block) where the rank's
+        actions say when each runs, else the blocks."""
+        actions = planner_actions(self._actions)
         costs = [cost for stage, signature in key
-                 for cost in stage_costs(self._measured[(stage, signature)], self._actions, stage, self.micro_batches,
+                 for cost in stage_costs(self._measured[(stage, signature)], stage,
                                          last=stage == self.last_stage and not self.last_stage_lets_go)]
-        items = (_C.per_micro_batch(costs, planner_actions(self._actions), self.micro_batches) if self._actions
-                 else costs)
-        return costs, items
+        blocks = _C.rank_blocks(costs, actions, self.micro_batches)
+        return blocks, _C.rank_items(blocks, actions, self.micro_batches)
 
     def least_budget(self) -> int:
-        """The least memory_budget the current plan's inputs take: what
-        checkpointing every block holds, as a measuring step runs them; with
-        offload_to, the least any plan holds (Note [A pipeline rank's memory
-        plan])."""
+        """The least memory_budget the current plan's blocks take: the
+        least any plan of them holds (Note [A pipeline rank's memory plan])."""
         assert self._current is not None, "no plan yet: the first step measures"
         _, items = self._items(self._current.key)
-        return self._least(items)[0]
-
-    def _least(self, items: List[Any]) -> Tuple[int, int]:
-        """(the least budget, what the measuring step holds) for ``items``."""
-        measuring = _C.plan_bytes(items, [True] * len(items), 0, _C.Release.AT_STEP_END)
-        if self.offload_to is None:
-            return measuring, measuring
-        return min(measuring, _C.least_plan_bytes(items, _C.Release.AT_STEP_END)), measuring
+        return _C.least_plan_bytes(items, _C.Release.AT_STEP_END)
 
     def _choose(self, key: PlanKey) -> RankPlan:
         costs, items = self._items(key)
-        least, measuring = self._least(items)
+        least = _C.least_plan_bytes(items, _C.Release.AT_STEP_END)
         if self.memory_budget < least:
-            raise ValueError(f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below what this rank's "
-                             f"blocks hold with every one checkpointed, as a measuring step runs them: {least} bytes "
-                             f"for inputs {list(key)} (their inputs, and each stage's recomputation where it runs, "
-                             f"{len(costs)} blocks, as the measuring step found them)" if self.offload_to is None
-                             else f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below the least "
-                             f"any plan of this rank's blocks holds, offloading included: {least} bytes for inputs "
-                             f"{list(key)}")
+            raise ValueError(f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below the least any "
+                             f"plan of this rank's blocks holds: {least} bytes for inputs {list(key)} ({len(costs)} "
+                             f"blocks, as the measuring step found them)")
         plan = _C.plan_for_budget(items, self.memory_budget, _C.Release.AT_STEP_END)
+        measuring = _C.plan_bytes(items, [True] * len(items), 0, _C.Release.AT_STEP_END)
         if self.memory_budget < measuring and (key, self.memory_budget) not in self._warned:  # once, not per re-plan
             self._warned.add((key, self.memory_budget))
             warnings.warn(f"prefire.pipelining: the measuring step checkpointed every block and held up to "
                           f"{measuring} bytes, above memory_budget={self.memory_budget}; later steps hold at most "
                           f"{plan.peak_bytes}", UserWarning, stacklevel=3)
-        checkpointed: Dict[int, List[List[bool]]] = {}
-        selective: Dict[int, List[List[bool]]] = {}
-        offloaded: Dict[int, List[List[bool]]] = {}
-        pass_bytes: Dict[int, int] = {}
-        at = 0
-        for stage, signature in key:
-            n = len(self._measured[(stage, signature)].blocks)
-            span = n if items is costs else n * self.micro_batches
-            for choices, chosen_items in ((checkpointed, plan.checkpointed), (selective, plan.selective),
-                                          (offloaded, plan.offloaded)):
-                if items is costs:  # one choice per block, for every micro-batch
-                    choices[stage] = [list(chosen_items[at:at + n])] * self.micro_batches
-                else:
-                    choices[stage] = [list(chosen_items[at + m * n:at + (m + 1) * n]) for m in range(self.micro_batches)]
-            pass_bytes[stage] = max(plan.pass_bytes[at:at + span], default=0)
-            at += span
-        chosen = RankPlan(key, costs, plan, pass_bytes, checkpointed, selective, offloaded)
+        stages = {p.stage: p for p in _C.stage_plans(plan, costs, self.micro_batches)}
+        chosen = RankPlan(key, costs, plan, stages)
         self._plans[key] = chosen
         self._use(chosen)
         _log.info("%s", describe(chosen, self.memory_budget))
         return chosen
 
     def _use(self, plan: RankPlan) -> None:
-        self.budget.expect(plan.pass_bytes,
-                           [(stage, m) for stage, per_micro_batch in plan.checkpointed.items()
-                            for m, blocks in enumerate(per_micro_batch) if not any(blocks)])
-        if plan.plan.moment_bytes:  # the sessions hold what the blocks leave of the budget at each action
-            self.budget.set(self.memory_budget, room=list(plan.plan.room_bytes))
-        else:
-            self.budget.set(plan.session_bytes)
-
-
-def _choices_of(plan: RankPlan, stage: int, micro_batch: int) -> List[Any]:
-    checkpointed, selective, offloaded = plan.checkpointed[stage], plan.selective[stage], plan.offloaded[stage]
-    m = micro_batch % len(checkpointed)  # a step of more micro-batches than planned: as many as a plan has
-    return [OFFLOAD if o else SELECTIVE if s else CHECKPOINT if c else KEEP
-            for c, s, o in zip(checkpointed[m], selective[m], offloaded[m])]
+        self.budget.expect({s: p.pass_bytes for s, p in plan.stages.items()},
+                           [(s, m) for s, p in plan.stages.items()
+                            for m, blocks in enumerate(p.choices) if all(c == KEEP for c in blocks)])
+        # the sessions' budget: what the blocks leave of the memory budget, at each action where it is known
+        self.budget.set(plan.session_bytes, room=list(plan.plan.room_bytes) if plan.plan.moment_bytes else None)
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:
-    def blocks(checkpointed: List[bool], selective: List[bool], offloaded: List[bool]) -> str:
-        sel = [i for i, c in enumerate(selective) if c]
-        off = [i for i, c in enumerate(offloaded) if c]
-        return (f"{[i for i, c in enumerate(checkpointed) if c]}" + (f" ({sel} selectively)" if sel else "")
-                + (f" ({off} offloaded)" if off else ""))
+    names = {CHECKPOINT: "", SELECTIVE: " selectively", OFFLOAD: " offloaded"}
 
-    def stage(s: int, ck: List[List[bool]]) -> str:
+    def blocks(choices: List[Any]) -> str:
+        checkpointed = [i for i, c in enumerate(choices) if c != KEEP]
+        return f"{checkpointed}" + "".join(f" ({[i for i, c in enumerate(choices) if c == choice]}{name})"
+                                           for choice, name in names.items()
+                                           if name and any(c == choice for c in choices))
+
+    def stage(s: int, stage_plan: Any) -> str:
         by_choice: Dict[str, List[int]] = {}
-        for m, (c, sel, off) in enumerate(zip(ck, plan.selective[s], plan.offloaded[s])):
-            by_choice.setdefault(blocks(c, sel, off), []).append(m)
+        for m, choices in enumerate(stage_plan.choices):
+            by_choice.setdefault(blocks(list(choices)), []).append(m)
+        n = len(stage_plan.choices[0])
         if len(by_choice) == 1:
-            return f"stage {s}: checkpoints {next(iter(by_choice))} of {len(ck[0])} blocks"
+            return f"stage {s}: checkpoints {next(iter(by_choice))} of {n} blocks"
         return f"stage {s}: checkpoints " + ", ".join(f"{b} in micro-batches {ms}" for b, ms in by_choice.items()) + \
-            f" of {len(ck[0])} blocks"
+            f" of {n} blocks"
 
-    stages = "; ".join(stage(s, ck) for s, ck in plan.checkpointed.items())
+    stages = "; ".join(stage(s, p) for s, p in plan.stages.items())
     where = " where they hold the most" if plan.plan.moment_bytes else ""
     return (f"prefire.pipelining: memory budget {memory_budget} bytes: {stages}; the blocks hold at most "
             f"{plan.plan.blocks_bytes} bytes, with the passes {plan.plan.peak_bytes}, the sessions may hold "

@@ -1,4 +1,4 @@
-"""Where a rank's recomputation can run (``python -m prefire.pipeline_bench.simulate place``):
+"""Where a rank's recomputation can run (``python -m pipeline_sim place``):
 the filler's rules, a search over placements, and the most any placement
 could hide.
 
@@ -53,28 +53,13 @@ program's placed mode runs (Note [Running a placement] in _bubbles.py).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
-from .._hook_points import Action
-from .replay import Costs, Placement, Replay, replay
+from prefire.pipelining.placement import Placement
+
+from .replay import Pipeline, Replay
 
 PASSES = ("B", "BW")
-
-
-@dataclass
-class Pipeline:
-    """One schedule on a number of ranks, as the replay takes it."""
-
-    orders: Sequence[Sequence[Action]]
-    stage_rank: Callable[[int], int]
-    n_stages: int
-    costs: Costs
-    groups: Sequence[Tuple[Action, ...]] = ()
-
-    def run(self, mode: str, placement: Optional[Placement] = None) -> Replay:
-        return replay(self.orders, self.stage_rank, self.n_stages, self.costs, mode, self.groups,
-                      placement=placement)
 
 
 def rules_placement(bubble: Replay) -> Placement:
@@ -195,70 +180,3 @@ def search(pipeline: Pipeline, start: Optional[Placement] = None, ahead: Optiona
         if not moved:
             break
     return placement, current
-
-
-def compare(summary: Dict, schedule: str, world: int, ahead: Optional[int] = None,
-            searched: bool = True) -> Dict:
-    """``schedule`` on ``world`` ranks (micro-batches twice the ranks, the
-    measured run's median durations scaled as ``predict`` scales them): H
-    of the rules, of the search (``searched``), the most any placement
-    allows (the floor) and all waits over all recomputation."""
-    from .config import SCHEDULES
-    from .measured import _placement, measured_costs
-    from .predict import scaled_costs
-    from .replay import overlaps, rank_orders
-
-    cfg = summary["config"]
-    measured_stages = SCHEDULES[cfg["schedule"]][1] * cfg["world"]
-    n_stages = SCHEDULES[schedule][1] * world
-    pipeline = Pipeline(rank_orders(schedule, world, 2 * world), _placement(schedule, world), n_stages,
-                        scaled_costs(measured_costs(summary), measured_stages, schedule, world),
-                        overlaps(schedule, world, 2 * world))
-    session, none = pipeline.run("session"), pipeline.run("none")
-    lazy = session.step_s - none.step_s
-
-    def hidden(step_s: float) -> Optional[float]:
-        return (session.step_s - step_s) / lazy if lazy > 0 else None
-
-    recompute = sum(pipeline.costs.checkpoints[s] * pipeline.costs.checkpoint[s]
-                    for order in pipeline.orders for kind, s, _ in order if kind in PASSES)
-    row = {"schedule": schedule, "world": world, "micro_batches": 2 * world, "ahead": ahead,
-           "session_s": session.step_s, "none_s": none.step_s, "floor_s": floor_s(pipeline),
-           "waits_over_recompute": min(1.0, sum(session.wait_s) / recompute) if recompute else None}
-    rules = rules_placement(pipeline.run("bubble"))
-    rules_run = pipeline.run("placed", rules)
-    row.update(rules_s=rules_run.step_s, rules_held=max(held_ahead(rules_run)), rules_placement=rules,
-               hidden={"rules": hidden(rules_run.step_s), "max": min(1.0, hidden(row["floor_s"]))
-                       if lazy > 0 else None})
-    if searched:
-        placement, found = search(pipeline, rules, ahead)
-        row.update(search_s=found.step_s, search_held=max(held_ahead(found)), placement=placement)
-        row["hidden"]["search"] = hidden(found.step_s)
-    return row
-
-
-def placement_file(row: Dict, stage_rank: Callable[[int], int]) -> Dict:
-    """A ``compare`` row's placement (the search's, else the rules') as the
-    pipeline program's ``--placement`` file: per rank, [action, items]."""
-    placement = row.get("placement", row["rules_placement"])
-    ranks: List[List] = [[] for _ in range(row["world"])]
-    for action, items in sorted(placement.items()):
-        ranks[stage_rank(action[1])].append([list(action), [list(item) for item in items]])
-    return {"schedule": row["schedule"], "world": row["world"], "micro_batches": row["micro_batches"],
-            "ranks": ranks}
-
-
-def check_placement_file(data: Dict, schedule: str, world: int, micro_batches: int) -> None:
-    """ValueError unless ``data`` was placed for this schedule, rank count
-    and number of micro-batches."""
-    got = {key: data.get(key) for key in ("schedule", "world", "micro_batches")}
-    want = {"schedule": schedule, "world": world, "micro_batches": micro_batches}
-    if got != want or not isinstance(data.get("ranks"), list) or len(data["ranks"]) != world:
-        raise ValueError(f"prefire.pipeline_bench: the placement was searched for {got}, this run is {want} (write "
-                         "one for it: python -m prefire.pipeline_bench.simulate place RUN.json --schedules "
-                         f"{schedule} --ranks {world} --write-placement FILE)")
-
-
-def rank_placement(data: Dict, rank: int) -> Placement:
-    """One rank's placement from a ``placement_file``."""
-    return {tuple(action): [tuple(item) for item in items] for action, items in data["ranks"][rank]}

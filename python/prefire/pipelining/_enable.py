@@ -1,77 +1,25 @@
-"""prefire for ``torch.distributed.pipelining``: one call on a schedule.
-
-``prefire.pipelining.enable(schedule)`` makes every micro-batch's checkpoints
-(blocks that use :func:`prefire.checkpoint`) join a session of their own:
-opened when the stage runs the micro-batch's forward, bound to its
-input-gradient pass B and its weight-gradient pass W, cleared after W (or
-after the full backward, for schedules that do not split it). B and W then
-share one recomputation where ``torch.utils.checkpoint`` recomputes in each.
-The model does not change beyond using prefire's checkpoint.
-
-With ``bubble=True``, while the schedule waits on a receive (activations or
-gradients), the rank recomputes, last block first (the order B needs them):
-at the receive of a micro-batch's gradient, that micro-batch's checkpoints,
-which its backward, next, would recompute anyway; at any receive, those of
-the micro-batches whose backward comes next on it, for as long as the wait
-lasted when nothing was prefired. What is left is recomputed lazily by B.
-See Note [Filling bubbles] in ``_bubbles.py``; ``placement=`` runs the
-simulator's placement in place of these rules (Note [Running a placement]).
-
-With ``memory_budget=N``, the rank's blocks hold at most N bytes of
-activations: the first step measures them, the C++ planner chooses which
-keep their activations and which are checkpointed, and what the plan leaves
-is the sessions' byte budget. See Note [A pipeline rank's memory plan] in
-``_pipeline_plan.py``.
-
-With ``budget_bytes=N``, the rank's sessions hold at most N bytes of
-recomputed activations at once: bubble prefires stop short of what the
-actions up to their micro-batch's B will hold, and a micro-batch whose
-recomputation B would keep for W over it lets go after B (W recomputes
-it). See Note [A rank's byte budget] in ``_budget.py``.
-
-Where it hooks into torch (the stages' methods, the schedule's tables of
-pending receives, its order of actions) and how a torch that moved one of
-those points is refused: ``_hook_points.py`` (Note [Where prefire hooks into
-a pipeline schedule], Note [Hook points fail loudly]); the sessions of one
-stage: ``_stage_sessions.py``.
-"""
+"""``enable(schedule)`` and what it returns: the prefire sessions of one
+schedule (the package's docstring says what each option does)."""
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from . import _C
-from ._bubbles import BubbleFiller, check_placement
+from .. import _C
+from .._measuring import check_memory_budget
+from .._selective import policy
+from ._bubbles import BubbleFiller
 from ._budget import RankBudget
 from ._hook_points import (_check_hook_points, _check_torch_version, _receive_tables, _stages_of, let_go_of_graph,
                            on_receive_wait, rank_actions)
-from ._measuring import check_memory_budget
-from ._pipeline_plan import RankPlan, RankPlanner, describe
-from ._selective import policy
-from ._stage_sessions import _MicroBatch, _session_ids, _StageSessions  # noqa: F401 (_session_ids: the tests)
-
-__all__ = ["PipelineStats", "Pipelining", "enable", "on_receive_wait"]
-
-
-@dataclass
-class PipelineStats:
-    """What :func:`enable`'s sessions did since it was called (or since
-    :meth:`Pipelining.reset_stats`)."""
-
-    sessions: int = 0             # micro-batch sessions opened (one per stage and micro-batch)
-    bubble_prefires: int = 0      # checkpoints recomputed while waiting on a receive
-    bubble_refused: int = 0       # bubble prefires the budget refused (left to B)
-    bubble_seconds: float = 0.0   # host time spent on bubble prefires
-    max_session_bytes: int = 0    # the most bytes one micro-batch's session held (its peak)
-    released_after_b: int = 0     # micro-batches whose recomputation B let go for the budget (W recomputed it)
-    trimmed_after_b: int = 0      # micro-batches whose session kept, after B, only what an earlier W read
-    trim_misses: int = 0          # unpacks in W of a tensor the trim dropped (recomputed for that W alone)
-    graphs_let_go: int = 0        # last-stage micro-batches whose output and loss hold no graph after W
-    prefires_let_go: int = 0      # bubble-prefired micro-batches let go so that a B could keep its recomputation
+from ._plan import RankPlan, RankPlanner, describe
+from ._sessions import StageMicroBatch, _MicroBatch, _StageSessions
+from ._stats import PipelineStats
+from .actions import Action
+from .placement import check_placement
 
 
 def _check_budget(budget_bytes: Optional[int]) -> None:
@@ -79,40 +27,49 @@ def _check_budget(budget_bytes: Optional[int]) -> None:
         raise ValueError(f"prefire.pipelining: budget_bytes must be a non-negative int or None, got {budget_bytes!r}")
 
 
+def _check_options(bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int,
+                   memory_budget: Optional[int], selective_policy: Any, placement: Any, offload_to: Any) -> None:
+    """ValueError for options of the wrong kind or that exclude each other."""
+    _check_budget(budget_bytes)
+    if placement is not None and not bubble:
+        raise ValueError("prefire.pipelining: placement= places bubble prefires; pass bubble=True with it")
+    if selective_policy is not None and memory_budget is None:
+        raise ValueError("prefire.pipelining: selective= is a choice of memory_budget's plan; pass "
+                         "memory_budget=N with it")
+    if offload_to is not None and memory_budget is None:
+        raise ValueError("prefire.pipelining: offload_to= is a choice of memory_budget's plan; pass "
+                         "memory_budget=N with it (or offload blocks by hand: prefire.checkpoint(..., "
+                         "offload_to=tier) in the stages)")
+    if offload_to is not None and not isinstance(offload_to, _C.OffloadTier):
+        raise ValueError(f"prefire.pipelining: offload_to must be a prefire.OffloadTier, got "
+                         f"{type(offload_to).__name__}")
+    if memory_budget is not None:
+        check_memory_budget("prefire.pipelining", memory_budget)
+        if budget_bytes is not None:
+            raise ValueError("prefire.pipelining: memory_budget and budget_bytes exclude each other; "
+                             "memory_budget sets the sessions' byte budget itself (what its plan leaves)")
+    if type(bubble_warmup_steps) is not int or bubble_warmup_steps < 2:
+        raise ValueError(f"prefire.pipelining: bubble_warmup_steps must be an int >= 2 (the first step only "
+                         f"warms up), got {bubble_warmup_steps!r}")
+
+
 class Pipelining:
-    """The prefire sessions of one schedule (made by :func:`enable`)."""
+    """The prefire sessions of one schedule (made by :func:`enable`). It
+    hears what its stages' sessions do (``_sessions.StageListener``)."""
 
     def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int = 3,
                  memory_budget: Optional[int] = None, selective: Any = None, placement: Any = None,
                  offload_to: Any = None) -> None:
-        _check_budget(budget_bytes)
-        if placement is not None and not bubble:
-            raise ValueError("prefire.pipelining: placement= places bubble prefires; pass bubble=True with it")
         selective_policy = policy(selective)
-        if selective_policy is not None and memory_budget is None:
-            raise ValueError("prefire.pipelining: selective= is a choice of memory_budget's plan; pass "
-                             "memory_budget=N with it")
-        if offload_to is not None and memory_budget is None:
-            raise ValueError("prefire.pipelining: offload_to= is a choice of memory_budget's plan; pass "
-                             "memory_budget=N with it (or offload blocks by hand: prefire.checkpoint(..., "
-                             "offload_to=tier) in the stages)")
-        if offload_to is not None and not isinstance(offload_to, _C.OffloadTier):
-            raise ValueError(f"prefire.pipelining: offload_to must be a prefire.OffloadTier, got "
-                             f"{type(offload_to).__name__}")
-        if memory_budget is not None:
-            check_memory_budget("prefire.pipelining", memory_budget)
-            if budget_bytes is not None:
-                raise ValueError("prefire.pipelining: memory_budget and budget_bytes exclude each other; "
-                                 "memory_budget sets the sessions' byte budget itself (what its plan leaves)")
-        if type(bubble_warmup_steps) is not int or bubble_warmup_steps < 2:
-            raise ValueError(f"prefire.pipelining: bubble_warmup_steps must be an int >= 2 (the first step only "
-                             f"warms up), got {bubble_warmup_steps!r}")
+        _check_options(bubble, budget_bytes, bubble_warmup_steps, memory_budget, selective_policy, placement,
+                       offload_to)
         _check_torch_version()
         stages = _stages_of(schedule)
         _check_hook_points(stages, schedule)
         tables = _receive_tables(schedule) if bubble else []  # checks the schedule before anything is wrapped
+        order = rank_actions(schedule)
         if placement is not None:
-            placement = check_placement(placement, rank_actions(schedule))
+            placement = check_placement(placement, order)
         self.schedule = schedule
         self.first_stage = stages[0]
         self.budget = RankBudget(budget_bytes, self._open_sessions, lambda: rank_actions(schedule))
@@ -131,18 +88,50 @@ class Pipelining:
         self._stages: Dict[int, _StageSessions] = {}
         try:
             for stage in stages:
-                self._stages[stage.stage_index] = _StageSessions(self, stage)
+                self._stages[stage.stage_index] = _StageSessions(
+                    stage, self, self.budget, self._stats, self.planner, getattr(schedule, "_n_microbatches", None))
         except BaseException:
             self.disable()
             raise
         if bubble:
-            self.bubbles = BubbleFiller(schedule, self._pending, self._stats, prefire=self._bubble_prefire,
+            self.bubbles = BubbleFiller(order, self._pending, self._stats, prefire=self._bubble_prefire,
                                         warmup_steps=bubble_warmup_steps, placement=placement)
             self._remove_callbacks = on_receive_wait(schedule, before=self.bubbles.before_wait,
                                                      after=self.bubbles.after_wait)
 
+    # What the stages' sessions tell the rank (_sessions.StageListener).
+
+    def action_begins(self, action: Action) -> None:
+        """A stage method is about to run ``action`` (kind, stage, micro-batch)."""
+        self.budget.ran(action)
+        if self.bubbles is not None:
+            self.bubbles.before_action(action)
+            if action[0] in ("B", "BW"):
+                self.bubbles.backward_started(action[1], action[2])
+
+    def action_done(self, stage_index: int, micro_batch: int, last_pass: bool) -> None:
+        """A backward action ran; ``last_pass``: the micro-batch's last pass on the stage."""
+        stage = self._stages[stage_index].stage
+        if last_pass and stage.is_last and let_go_of_graph(stage, self.schedule, micro_batch):
+            self._stats.graphs_let_go += 1
+            if self.planner is not None:
+                self.planner.last_stage_lets_go = True
+        if self.planner is None:
+            return
+        if last_pass:
+            self.planner.last_pass_ran(stage_index, micro_batch)
+        if self.budget.step_ended:
+            self.planner.step_ends(self.budget.actions())
+
+    def stage_cleared(self, stage_index: int, training: bool) -> None:
+        """A stage's clear_runtime_states: the first stage's begins a step."""
+        if self._stages[stage_index].stage is self.first_stage:
+            self._step_begins(training)
+
+    def let_go_of_prefires(self, key: StageMicroBatch) -> None:
+        self._stages[key[0]].let_go_of_prefires(key[1])
+
     def _step_begins(self, training: bool) -> None:
-        """A step begins (the first stage's clear_runtime_states)."""
         if self._training_steps == 1 and not self._checked:
             self._checked = True
             self._check_fired()
@@ -157,26 +146,6 @@ class Pipelining:
             self._training_steps += 1
         if self.bubbles is not None:
             self.bubbles.new_step(training)
-
-    def before_action(self, action: Tuple[str, int, int]) -> None:
-        """A stage method is about to run ``action`` (kind, stage, micro-batch)."""
-        self.budget.ran(action)
-        if self.bubbles is not None:
-            self.bubbles.before_action(action)
-
-    def _action_done(self, stage_index: int, micro_batch: int, last_pass: bool) -> None:
-        """A backward action ran; ``last_pass``: the micro-batch's last pass on the stage."""
-        stage = self._stages[stage_index].stage
-        if last_pass and stage.is_last and let_go_of_graph(stage, self.schedule, micro_batch):
-            self._stats.graphs_let_go += 1
-            if self.planner is not None:
-                self.planner.last_stage_lets_go = True
-        if self.planner is None:
-            return
-        if last_pass:
-            self.planner.last_pass_ran(stage_index, micro_batch)
-        if self.budget.step_ended:
-            self.planner.step_ends(self.budget.actions())
 
     def _check_fired(self) -> None:
         """After the first training step: see Note [Hook points fail loudly]."""
@@ -198,21 +167,11 @@ class Pipelining:
                 "do nothing. Checkpoint the blocks with prefire.checkpoint or prefire.checkpoint_wrapper "
                 "(torch.utils.checkpoint's are not prefire's)", UserWarning, stacklevel=2)
 
-    def _check_steps_start(self, sessions: "_StageSessions") -> None:
-        """A forward wrapper that sees far more forwards than a step has, with
-        no step beginning, means clear_runtime_states no longer runs."""
-        n = getattr(self.schedule, "_n_microbatches", None)
-        if n is not None and sessions.forwards > 4 * n:
-            raise RuntimeError(
-                f"prefire.pipelining: stage {sessions.stage.stage_index} ran {sessions.forwards} forwards without a "
-                f"step beginning through clear_runtime_states (torch {torch.__version__}): prefire could not clear "
-                "the sessions of failed steps nor count steps. This torch begins steps another way")
-
     def _pending(self, stage_index: int, micro_batch: int) -> Optional[_MicroBatch]:
         sessions = self._stages.get(stage_index)
         return sessions.pending.get(micro_batch) if sessions is not None else None
 
-    def _open_sessions(self) -> Dict[Tuple[int, int], _MicroBatch]:
+    def _open_sessions(self) -> Dict[StageMicroBatch, _MicroBatch]:
         return {(index, micro_batch): mb for index, sessions in self._stages.items()
                 for micro_batch, mb in sessions.pending.items()}
 
@@ -223,8 +182,11 @@ class Pipelining:
             _C.set_session_budget(session, room)
         return _C.prefire(handle, session)
 
+    # The public surface.
+
     @property
     def budget_bytes(self) -> Optional[int]:
+        """The sessions' byte budget (None: none; under a memory plan, what the plan leaves them)."""
         return self.budget.bytes
 
     def set_budget_bytes(self, budget_bytes: Optional[int]) -> None:
@@ -235,6 +197,13 @@ class Pipelining:
             raise ValueError("prefire.pipelining: a schedule enabled with memory_budget sets its sessions' byte "
                              "budget from its plan; call set_memory_budget instead")
         self.budget.set(budget_bytes)
+
+    @property
+    def floor_bytes(self) -> int:
+        """What one backward pass of a micro-batch holds while it recomputes,
+        the most over the rank's stages seen so far: the least a byte budget
+        can hold the sessions to (Note [A rank's byte budget])."""
+        return self.budget.floor_bytes
 
     @property
     def memory_budget(self) -> Optional[int]:
@@ -248,6 +217,14 @@ class Pipelining:
             raise ValueError("prefire.pipelining: set_memory_budget needs enable(schedule, memory_budget=...)")
         self.planner.set_memory_budget(memory_budget)
 
+    def least_memory_budget(self) -> int:
+        """The least memory budget the current plan's blocks take (the least
+        any plan of them holds); ValueError before the first step measured."""
+        if self.planner is None or self.planner.plan is None:
+            raise ValueError("prefire.pipelining: least_memory_budget needs enable(schedule, memory_budget=...) "
+                             "and a measuring step (the first training step)")
+        return self.planner.least_budget()
+
     @property
     def plan(self) -> Optional[RankPlan]:
         """The memory plan of the latest step's signature (None before one was chosen, or without memory_budget)."""
@@ -258,6 +235,22 @@ class Pipelining:
         if plan is None:
             return "prefire.pipelining: no memory plan yet (the first training step measures)"
         return describe(plan, self.planner.memory_budget)
+
+    def bubble_slack(self) -> Dict[Tuple[str, int, int], float]:
+        """With ``bubble=True``: the seconds the bubble rules work to at each
+        wait point, (kind, stage, micro-batch) (Note [Filling bubbles]);
+        empty without bubble prefires or before the waits were measured."""
+        return dict(self.bubbles.slack) if self.bubbles is not None else {}
+
+    def wrap_placed_prefires(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """Runs a placement's prefires (Note [Running a placement]) through
+        ``wrap(run)``, a function that calls ``run`` with its arguments (a
+        program that times stage methods tells them apart so). ValueError
+        without ``placement=``."""
+        if self.bubbles is None or self.bubbles.placement is None:
+            raise ValueError("prefire.pipelining: wrap_placed_prefires needs enable(schedule, bubble=True, "
+                             "placement=...)")
+        self.bubbles.before_action = wrap(self.bubbles.before_action)
 
     def stats(self) -> PipelineStats:
         return PipelineStats(**vars(self._stats))
