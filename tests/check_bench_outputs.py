@@ -15,7 +15,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-MODES = ["none", "graph-task", "session", "prefire", "budget 25%", "budget 50%"]
+MODES = ["none", "torch", "session", "prefire", "budget 25%", "budget 50%"]
 
 
 def main(bench: str) -> int:
@@ -41,12 +41,12 @@ def main(bench: str) -> int:
             assert len(m["step_ms"]["all"]) == 2
             assert set(m["per_micro_batch_ms"]) == {"forward", "b", "w"}, m["per_micro_batch_ms"]
         by = {m["label"]: m for m in report["modes"]}
-        assert by["graph-task"]["recomputes_per_step"] == 2 * 2 * 2  # micro-batches x layers x passes
+        assert by["torch"]["recomputes_per_step"] == 2 * 2 * 2  # micro-batches x layers x passes
         assert by["session"]["recomputes_per_step"] == 2 * 2
-        assert by["graph-task"]["peak_held_bytes"] < by["none"]["peak_held_bytes"]
+        assert by["torch"]["peak_held_bytes"] < by["none"]["peak_held_bytes"]
         # the allocator sees every mode: none holds its activations, checkpointing drops them
         assert all(m["step_peak_bytes"] > 0 for m in report["modes"]), report["modes"]
-        assert by["graph-task"]["step_peak_bytes"] < by["none"]["step_peak_bytes"], (by["graph-task"], by["none"])
+        assert by["torch"]["step_peak_bytes"] < by["none"]["step_peak_bytes"], (by["torch"], by["none"])
         assert by["none"]["peak_held_bytes"] <= by["none"]["step_peak_bytes"]  # the census is part of what it sees
         assert by["none"]["held_b_to_w_bytes"] is None  # no session: not measured
         for label in (l for l in MODES if l.startswith("budget")):  # a refused checkpoint recomputes in B and W
@@ -57,12 +57,12 @@ def main(bench: str) -> int:
             assert 0 < by[label]["held_b_to_w_fraction"] < 1, by[label]
 
         zbh1 = subprocess.run(tiny + ["--order", "zbh1", "--in-flight", "1", "--micro-batches", "3",
-                                          "--modes", "none,graph-task,prefire", "--json", str(out / "z.json"),
+                                          "--modes", "none,torch,prefire", "--json", str(out / "z.json"),
                                           "--trace", str(out / "zt.json")],
                               capture_output=True, text=True, timeout=300)
         assert zbh1.returncode == 0, f"zbh1 run exited {zbh1.returncode}: {zbh1.stderr}"
         z = {m["label"]: m for m in json.loads((out / "z.json").read_text())["modes"]}
-        assert z["graph-task"]["recomputes_per_step"] == 3 * 2 * 2 and z["prefire"]["recomputes_per_step"] == 3 * 2
+        assert z["torch"]["recomputes_per_step"] == 3 * 2 * 2 and z["prefire"]["recomputes_per_step"] == 3 * 2
         assert all(m["max_grad_diff"] == 0 for m in z.values()), z
         # One step of ZB-H1 with one micro-batch in flight: 1F1B, each W after one more B.
         events = [e for e in json.loads((out / "zt.json").read_text())["traceEvents"]
@@ -82,10 +82,10 @@ def main(bench: str) -> int:
         assert sweep.returncode == 0, f"sweep exited {sweep.returncode}: {sweep.stderr}"
         assert "memory sweep" in sweep.stdout and "OVER BUDGET" not in sweep.stdout
         s = {m["label"]: m for m in json.loads((out / "s.json").read_text())["modes"]}
-        assert list(s) == ["none", "graph-task", "every 2", "every 3", "every 4", "plan 10%", "plan 50%", "plan 100%"]
+        assert list(s) == ["none", "torch", "torch-every2", "torch-every3", "torch-every4", "plan 10%", "plan 50%", "plan 100%"]
         assert all(m["max_grad_diff"] == 0 for m in s.values()), s
-        assert s["every 2"]["checkpointed"] == [[True, False, True, False]] * 2  # per micro-batch
-        assert s["every 2"]["recomputes_per_step"] == 2 * 2 * 2  # micro-batches x checkpointed blocks x passes
+        assert s["torch-every2"]["checkpointed"] == [[True, False, True, False]] * 2  # per micro-batch
+        assert s["torch-every2"]["recomputes_per_step"] == 2 * 2 * 2  # micro-batches x checkpointed blocks x passes
         for label in ("plan 10%", "plan 50%", "plan 100%"):
             m = s[label]
             assert m["least_plan_bytes"] <= m["budget_bytes"] and m["plan_bytes"] <= m["budget_bytes"], m

@@ -21,24 +21,27 @@ SCHEDULES = {
     "dualpipev": (pp.ScheduleDualPipeV, 2, "v"),
 }
 
-#: none: no checkpoints; torch: torch.utils.checkpoint per block; session:
-#: prefire.checkpoint per block and prefire.pipelining's sessions; bubble:
-#: also prefire in the bubbles; budget: bubble under a rank's byte budget,
-#: one run per fraction in ``RunConfig.budgets`` (a sweep)
-MODES = ("none", "torch", "session", "bubble", "budget")
+#: The modes, named as prefire-bench names its own: none: no checkpoints;
+#: torch: torch.utils.checkpoint per block (recomputed in B and again in W);
+#: session: prefire.checkpoint per block and prefire.pipelining's sessions
+#: (one recomputation per micro-batch, lazily in B); prefire: also
+#: recomputed ahead, in the bubbles (``enable(bubble=True)``); budget:
+#: prefire under a rank's byte budget, one run per fraction in
+#: ``RunConfig.budgets`` (a sweep)
+MODES = ("none", "torch", "session", "prefire", "budget")
 #: placed: prefire.checkpoint, sessions and the bubble prefires of ``RunConfig.placement`` in place of the
 #: filler's rules (Note [Running a placement])
 PLACED_MODE = "placed"
 #: the memory sweep's (``python -m pipeline_bench.sweep``): torch-every<n>:
 #: torch.utils.checkpoint on the blocks whose index is a multiple of n; plan:
 #: sessions under ``enable(schedule, memory_budget=...)``, one run per
-#: fraction in ``RunConfig.memory_budgets``; plan-bubble: the same with
+#: fraction in ``RunConfig.memory_budgets``; plan-prefire: the same with
 #: ``bubble=True`` (prefire in the bubbles within what the plan leaves);
 #: plan-selective: the same with ``selective=True`` (a block may also be
 #: checkpointed selectively: matmul and attention outputs kept);
 #: plan-offload: the same with ``offload_to=`` a host file tier in the
 #: system's temporary directory (a block may also be offloaded)
-PLAN_MODES = ("plan", "plan-bubble", "plan-selective", "plan-offload")
+PLAN_MODES = ("plan", "plan-prefire", "plan-selective", "plan-offload")
 SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4") + PLAN_MODES
 
 
@@ -48,7 +51,7 @@ class RunConfig:
     schedule: str = "zbv"
     modes: Tuple[str, ...] = MODES
     steps: int = 5
-    warmup: int = 5                # the bubble modes measure the waits in steps 2 and 3
+    warmup: int = 5                # the prefire modes measure the waits in steps 2 and 3
     #: budget mode: one run per fraction; a rank's budget is that share of the
     #: most it held in warm-up with sessions alone (before bubble prefires
     #: begin); above 1 leaves room for bubble prefires

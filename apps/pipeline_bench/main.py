@@ -74,7 +74,7 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
                          "and --placement FILE (python -m pipeline_sim place --write-placement)")
     if config.placement is not None:
         check_placement_file(config.placement, config.schedule, world, config.model.micro_batches)
-    if config.schedule == "1f1b" and {"bubble", "budget", PLACED_MODE} & set(modes):
+    if config.schedule == "1f1b" and {"prefire", "budget", PLACED_MODE} & set(modes):
         raise ValueError("Schedule1F1B waits on a receive where it posts it: no bubble to prefire in; "
                          "run modes none, torch, session with it")
     _, per_rank, _ = SCHEDULES[config.schedule]

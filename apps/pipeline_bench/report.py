@@ -74,7 +74,7 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
     over all ranks; ``rounds``: mode -> each round's ranks (for the spread
     across rounds). Adds a mode's step time (the slowest rank's: a step ends
     when every rank's has), the ratios to torch's checkpoint, the hidden
-    fraction H = (session - bubble) / (session - none) of the recomputation
+    fraction H = (session - prefire) / (session - none) of the recomputation
     time, per rank and overall, the most H the waits allow (from session
     mode's steps and hideable recomputation), each of those per round (their
     min-max is the spread the table shows), and whether H came out above its
@@ -94,11 +94,11 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
     def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
         return a / b if a is not None and b else None
 
-    def hidden(rank: Optional[int] = None, mode: str = "bubble") -> Optional[float]:
+    def hidden(rank: Optional[int] = None, mode: str = "prefire") -> Optional[float]:
         return _hidden_fraction(step("session", rank), step(mode, rank), step("none", rank))
 
     def hidden_bound() -> Optional[float]:
-        # In bubble mode a rank does all of session mode's work and can move
+        # In prefire mode a rank does all of session mode's work and can move
         # into its waits at most what they could hold: its step cannot end
         # before session's minus that.
         if not {"session", "none"} <= set(modes) or step("session") <= step("none"):
@@ -130,7 +130,7 @@ def summarize(config: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]],
 
 
 def _hidden_fraction(lazy: Optional[float], pre: Optional[float], none: Optional[float]) -> Optional[float]:
-    """H = (session - bubble) / (session - none): the share of the
+    """H = (session - prefire) / (session - none): the share of the
     recomputation time that bubble prefires hid; None where it is undefined."""
     if None in (lazy, pre, none) or lazy <= none:
         return None
@@ -157,7 +157,7 @@ def _spread(rounds: Dict[str, List[List[Dict[str, Any]]]]) -> Dict[str, Any]:
 
     return {
         "step_s": {mode: {"per_round": v, "min": min(v), "max": max(v)} for mode, v in steps.items()},
-        "hidden_fraction": per_round("bubble"),
+        "hidden_fraction": per_round("prefire"),
         **({"hidden_fraction_placed": per_round("placed")} if "placed" in steps else {}),
         "steps_s": every,
     }
@@ -201,7 +201,7 @@ def table(summary: Dict[str, Any]) -> str:
         f"{m} {cell(v['min'], 1e3)}-{cell(v['max'], 1e3)}" for m, v in spread["step_s"].items()))
     h = summary["hidden_fraction"]
     hs = spread["hidden_fraction"]
-    out.append("hidden fraction of recomputation time H = (session - bubble) / (session - none): overall "
+    out.append("hidden fraction of recomputation time H = (session - prefire) / (session - none): overall "
                + cell(h["overall"], 1, 2) + f" (rounds {cell(hs['min'], 1, 2)}-{cell(hs['max'], 1, 2)})"
                + ", per rank " + ", ".join(cell(x, 1, 2) for x in h["per_rank"]))
     if "hidden_fraction_placed" in summary:
@@ -210,7 +210,7 @@ def table(summary: Dict[str, Any]) -> str:
                    f"overall {cell(hp['overall'], 1, 2)} (rounds {cell(hps['min'], 1, 2)}-{cell(hps['max'], 1, 2)})"
                    ", per rank " + ", ".join(cell(x, 1, 2) for x in hp["per_rank"]))
     if any(x is not None and x < 0 for x in [h["overall"], hs["min"], *h["per_rank"]]):
-        out.append("H below 0: bubble mode's step came out slower than session mode's, so its prefires hid nothing "
+        out.append("H below 0: prefire mode's step came out slower than session mode's, so its prefires hid nothing "
                    "there and what they cost shows (their launch, or recomputation that overran a wait), or the "
                    "difference is timing noise (compare the rounds' spread)")
     out.append("hideable: recomputation the rank's waits could hold (micro-batches forwarded, backward not begun); "
@@ -222,10 +222,10 @@ def table(summary: Dict[str, Any]) -> str:
 
 
 def _budget_sweep(modes: Dict[str, Any]) -> List[str]:
-    """Per rank, for session and bubble mode (no budget) and each budget
+    """Per rank, for session and prefire mode (no budget) and each budget
     run: the budget, the most the rank held, and its recomputations per
     block per micro-batch (mean)."""
-    runs = [m for m in modes if m in ("session", "bubble") or m.startswith("budget ")]
+    runs = [m for m in modes if m in ("session", "prefire") or m.startswith("budget ")]
     if not any(m.startswith("budget ") for m in runs):
         return []
     lines = ["budget sweep, per rank: budget -> held MiB (recomputations per block per micro-batch); a budget is its "

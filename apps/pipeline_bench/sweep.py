@@ -129,7 +129,7 @@ def plot(summary: Dict[str, Any], path: str) -> None:
 
     modes = summary["modes"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, label in (("plan", "prefire plan"), ("plan-bubble", "prefire plan, bubble=True"),
+    for mode, label in (("plan", "prefire plan"), ("plan-prefire", "prefire plan, bubble=True"),
                         ("plan-selective", "prefire plan, selective=True"),
                         ("plan-offload", "prefire plan, offload_to=a host file tier")):
         plans = sorted((r for r in rows(summary) if r["name"].split(" ")[0] == mode),
@@ -161,7 +161,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--bubble", action="store_true",
+    p.add_argument("--prefire", action="store_true",
                    help="also each budget's plan with bubble=True (prefire in bubbles within what the plan leaves)")
     p.add_argument("--selective", action="store_true",
                    help="also each budget's plan with selective=True (a block may be checkpointed selectively)")
@@ -177,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     model = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2) if a.tiny \
         else ModelConfig()
     fractions = tuple(float(f) for f in a.memory_budgets.split(",") if f)
-    modes = TORCH + ("session", "plan") + (("plan-bubble",) if a.bubble else ()) + \
+    modes = TORCH + ("session", "plan") + (("plan-prefire",) if a.prefire else ()) + \
         (("plan-selective",) if a.selective else ()) + (("plan-offload",) if a.offload else ())
     config = RunConfig(model=model, schedule=a.schedule, modes=modes, steps=a.steps, warmup=a.warmup,
                        memory_budgets=fractions, uniform_budget=a.uniform_budget, meter_blocks=True, timeout_s=600.0)

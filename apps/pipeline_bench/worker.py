@@ -171,7 +171,7 @@ class ModeRun:
         self.schedule = schedule_cls(stages if per_rank > 1 else stages[0], cfg.model.micro_batches,
                                      loss_fn=loss_fn)
         self.sessions = None
-        if mode in ("session", "bubble", "budget"):
+        if mode in ("session", "prefire", "budget"):
             self.sessions = pipelining.enable(self.schedule, bubble=mode != "session")
         elif mode == "placed":  # the simulator's placement for this rank (Note [Running a placement])
             self.sessions = pipelining.enable(self.schedule, bubble=True,
@@ -179,7 +179,7 @@ class ModeRun:
         elif mode in PLAN_MODES:  # the first step measures; its budget is set from what it found (step())
             tier = (prefire.OffloadTier.host_file(tempfile.gettempdir(), OFFLOAD_TIER_BYTES)
                     if mode == "plan-offload" else None)
-            self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62, bubble=mode == "plan-bubble",
+            self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62, bubble=mode == "plan-prefire",
                                               selective=mode == "plan-selective", offload_to=tier)
         self.recorder = Recorder(rank)
         for stage in stages:

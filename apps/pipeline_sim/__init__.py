@@ -1,7 +1,7 @@
 """A timeline simulator of pipeline schedules: what the pipeline program
 would measure on more ranks than this machine can time.
 
-    python -m pipeline_bench --schedule zbv --modes none,torch,session,bubble --json zbv.json
+    python -m pipeline_bench --schedule zbv --modes none,torch,session,prefire --json zbv.json
     python -m pipeline_sim validate zbv.json
     python -m pipeline_sim predict zbv.json --ranks 4,8,16
     python -m pipeline_sim place zbv.json --ranks 2,4,8,16

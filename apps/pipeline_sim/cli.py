@@ -113,7 +113,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     predictions = [predict(by_schedule["interleaved-1f1b" if schedule == "1f1b" else schedule], schedule, world)
                    for schedule in schedules for world in ranks]
     print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks)")
-    print(f"{'schedule':18} {'ranks':>5} {'none/torch':>10} {'session/torch':>13} {'bubble/torch':>12} "
+    print(f"{'schedule':18} {'ranks':>5} {'none/torch':>10} {'session/torch':>13} {'prefire/torch':>12} "
           f"{'bubble frac (session)':>21} {'H':>6} {'H max':>6} {'waits/recomp':>12}")
 
     for row in predictions:
@@ -158,7 +158,7 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
     by_schedule = {s["config"]["schedule"]: s for s in summaries}
     print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks; median durations)")
     print(f"{'schedule':18} {'ranks':>5} {'H rules':>8} {'H search':>9} {'H max':>6} {'waits/recomp':>12} "
-          f"{'held rules':>10} {'held search':>11} {'bubble/session':>14}")
+          f"{'held rules':>10} {'held search':>11} {'best/session':>14}")
     rows = []
     schedules, worlds = a.schedules.split(","), [int(r) for r in a.ranks.split(",") if r]
     if a.write_placement and (len(schedules) != 1 or len(worlds) != 1):
@@ -190,7 +190,7 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
 
 
 def plot(predictions: List[Dict[str, Any]], path: str) -> None:
-    """Predicted step time over torch's checkpoint (session, bubble) and H
+    """Predicted step time over torch's checkpoint (session, prefire) and H
     against ranks, one line per schedule."""
     import matplotlib
 
@@ -202,8 +202,8 @@ def plot(predictions: List[Dict[str, Any]], path: str) -> None:
         rows = [r for r in predictions if r["schedule"] == schedule]
         worlds = [r["world"] for r in rows]
         line, = left.plot(worlds, [r["ratio_to_torch"]["session"] for r in rows], marker="o", label=schedule)
-        if all("bubble" in r["ratio_to_torch"] for r in rows):
-            left.plot(worlds, [r["ratio_to_torch"]["bubble"] for r in rows], marker="x", linestyle="--",
+        if all("prefire" in r["ratio_to_torch"] for r in rows):
+            left.plot(worlds, [r["ratio_to_torch"]["prefire"] for r in rows], marker="x", linestyle="--",
                       color=line.get_color())
         if all(r["hidden_fraction"] is not None for r in rows):
             right.plot(worlds, [r["hidden_fraction"] for r in rows], marker="o", color=line.get_color(),
@@ -213,8 +213,8 @@ def plot(predictions: List[Dict[str, Any]], path: str) -> None:
         ax.set_xlabel("ranks (micro-batches = 2 x ranks)")
         ax.grid(alpha=0.3)
     left.set_ylabel("step / torch's checkpoint")
-    left.set_title("PREDICTED: session (solid), bubble (dashed)", fontsize=9)
-    right.set_ylabel("H = (session - bubble) / (session - none)")
+    left.set_title("PREDICTED: session (solid), prefire (dashed)", fontsize=9)
+    right.set_ylabel("H = (session - prefire) / (session - none)")
     right.set_title("PREDICTED: recomputation hidden in bubbles", fontsize=9)
     left.legend(fontsize=7)
     fig.tight_layout()

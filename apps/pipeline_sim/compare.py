@@ -38,7 +38,7 @@ def compare(summary: Dict, schedule: str, world: int, ahead: Optional[int] = Non
     row = {"schedule": schedule, "world": world, "micro_batches": 2 * world, "ahead": ahead,
            "session_s": session.step_s, "none_s": none.step_s, "floor_s": floor_s(pipeline),
            "waits_over_recompute": min(1.0, sum(session.wait_s) / recompute) if recompute else None}
-    rules = rules_placement(pipeline.run("bubble"))
+    rules = rules_placement(pipeline.run("prefire"))
     rules_run = pipeline.run("placed", rules)
     row.update(rules_s=rules_run.step_s, rules_held=max(held_ahead(rules_run)), rules_placement=rules,
                hidden={"rules": hidden(rules_run.step_s), "max": min(1.0, hidden(row["floor_s"]))

@@ -38,7 +38,7 @@ def measured_costs(summary: Dict[str, Any]) -> Costs:
     missing = [m for m in ("none", "torch", "session") if m not in timelines]
     if missing:
         raise ValueError(f"pipeline_sim: the run has no {', '.join(missing)} mode "
-                         "(run the program with --modes none,torch,session,bubble)")
+                         "(run the program with --modes none,torch,session,prefire)")
     per_stage = _blocks_per_stage(summary)
     action: Dict[str, Dict[Tuple[str, int], float]] = {}
     for mode in ("none", "torch", "session"):
@@ -147,19 +147,19 @@ def _step_durations(summary: Dict[str, Any], mode: str, index: int) -> Tuple[Dic
 def step_costs(costs: Costs, summary: Dict[str, Any], mode: str, index: int) -> Costs:
     """``costs`` with every action of ``mode``'s ``index``-th measured step
     as long as it took there, and the bubble prefires the step ran before
-    each (bubble mode: replayed as a session step, its rules already
+    each (prefire mode: replayed as a session step, its rules already
     applied)."""
     took, before = _step_durations(summary, mode, index)
     return dataclasses.replace(costs, instance=took, before=before)
 
 
 def measured_slack(summary: Dict[str, Any], index: int) -> Optional[Dict[Action, float]]:
-    """The slack bubble mode's runtime worked to in its ``index``-th
+    """The slack prefire mode's runtime worked to in its ``index``-th
     measured step, per receiving action (Note [Filling bubbles]: a forward
     receive is its F, a backward one its B or full backward); None where
     the run did not record it."""
     slack: Dict[Action, float] = {}
-    for rank in summary["timelines"]["bubble"]:
+    for rank in summary["timelines"]["prefire"]:
         points = _steps(rank)[index].get("slack")
         if points is None:
             return None
@@ -171,7 +171,7 @@ def measured_slack(summary: Dict[str, Any], index: int) -> Optional[Dict[Action,
 
 def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Each mode of a run, measured against its replay: every measured
-    step replayed with its own durations (bubble mode with session mode's
+    step replayed with its own durations (prefire mode with session mode's
     step of the same index, the steps of modes run in turn, and the slack
     its runtime learned), then the step (median over the steps) and the
     bubble (waits of all ranks together: their mean over the steps, which
@@ -190,14 +190,14 @@ def validate(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
               for action, items in rank_placement(cfg["placement"], rank).items()}
     steps = min(len(_steps(rank)) for mode in modes for rank in summary["timelines"][mode])
     rows = []
-    for name, mode in [(m, m) for m in modes] + ([("bubble as run", "bubble")] if "bubble" in modes else []):
-        if name == "bubble as run":  # its own steps, prefires where they ran
-            replays = [replay(orders, rank_of, n_stages, step_costs(costs, summary, "bubble", k), "session",
+    for name, mode in [(m, m) for m in modes] + ([("prefire as run", "prefire")] if "prefire" in modes else []):
+        if name == "prefire as run":  # its own steps, prefires where they ran
+            replays = [replay(orders, rank_of, n_stages, step_costs(costs, summary, "prefire", k), "session",
                               groups) for k in range(steps)]
         else:
-            source = "session" if mode in ("bubble", "placed") else mode
+            source = "session" if mode in ("prefire", "placed") else mode
             replays = [replay(orders, rank_of, n_stages, step_costs(costs, summary, source, k), mode, groups,
-                              measured_slack(summary, k) if mode == "bubble" else None, placed)
+                              measured_slack(summary, k) if mode == "prefire" else None, placed)
                        for k in range(steps)]
         step, waits = measured_step(summary, mode)
         rows.append({"schedule": schedule, "mode": name, "step_s": step,

@@ -13,7 +13,7 @@ not, so placed before an action that waits they fill the wait, placed
 before one that does not they delay it. Three placements are compared,
 each replayed with the same (median) durations:
 
-* the rules of Note [Filling bubbles] (the runtime's), as bubble mode
+* the rules of Note [Filling bubbles] (the runtime's), as prefire mode
   replays them with the exact slack (session mode's waits), and recorded
   as a placement (``rules_placement``): replaying it in mode "placed" gives
   the same timeline;
@@ -62,11 +62,11 @@ from .replay import Pipeline, Replay
 PASSES = ("B", "BW")
 
 
-def rules_placement(bubble: Replay) -> Placement:
-    """The bubble rules' prefires in a bubble-mode replay, as a placement:
+def rules_placement(prefired: Replay) -> Placement:
+    """The bubble rules' prefires in a prefire-mode replay, as a placement:
     each one before the action that followed it on its rank."""
     placement: Placement = {}
-    for events in bubble.events:
+    for events in prefired.events:
         pending: List[Tuple[int, int, int]] = []
         for kind, stage, mb, _, _ in events:
             if kind == "recompute-bubble":

@@ -103,7 +103,7 @@ def scaled_steps(summary: Dict[str, Any], mode: str, schedule: str, world: int) 
 def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any]:
     """One schedule on ``world`` ranks, micro-batches twice the ranks, from
     a measured run's durations, every measured step replayed with its own
-    (``scaled_steps``; bubble mode with session mode's): step per mode (the
+    (``scaled_steps``; prefire mode with session mode's): step per mode (the
     median over steps), its ratios to torch's checkpoint, the bubble
     fraction (the mean), H (Note [What the simulator replays]), the most H
     any placement allows (the floor of Note [Where recomputation can run],
@@ -112,11 +112,11 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
     measured_stages = SCHEDULES[cfg["schedule"]][1] * cfg["world"]
     costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
     n_stages = SCHEDULES[schedule][1] * world
-    modes = [m for m in REPLAYED if not (m == "bubble" and schedule == "1f1b")]  # no bubble hook in 1F1B
+    modes = [m for m in REPLAYED if not (m == "prefire" and schedule == "1f1b")]  # no bubble hook in 1F1B
     orders, groups = rank_orders(schedule, world, 2 * world), overlaps(schedule, world, 2 * world)
     rank_of = stage_rank(schedule, world)
     runs = {mode: [replay(orders, rank_of, n_stages, dataclasses.replace(costs, instance=instance), mode, groups)
-                   for instance in scaled_steps(summary, "session" if mode == "bubble" else mode, schedule, world)]
+                   for instance in scaled_steps(summary, "session" if mode == "prefire" else mode, schedule, world)]
             for mode in modes}
     step = {mode: statistics.median(r.step_s for r in replays) for mode, replays in runs.items()}
     floor = statistics.median(floor_s(Pipeline(orders, rank_of, n_stages, dataclasses.replace(costs, instance=i),
@@ -130,8 +130,8 @@ def predict(summary: Dict[str, Any], schedule: str, world: int) -> Dict[str, Any
         "ratio_to_torch": {mode: step[mode] / step["torch"] for mode in step},
         "bubble_fraction": {mode: statistics.mean(r.bubble_fraction() for r in replays)
                             for mode, replays in runs.items()},
-        "hidden_fraction": (step["session"] - step["bubble"]) / lazy if "bubble" in step and lazy > 0 else None,
+        "hidden_fraction": (step["session"] - step["prefire"]) / lazy if "prefire" in step and lazy > 0 else None,
         "waits_over_recompute": min(1.0, waits["session"] / recompute) if recompute > 0 else None,
         "hidden_fraction_max": min(1.0, max(0.0, (step["session"] - floor) / lazy)) if lazy > 0 else None,
-        "prefire_s": statistics.mean(sum(r.prefire_s) for r in runs["bubble"]) if "bubble" in runs else None,
+        "prefire_s": statistics.mean(sum(r.prefire_s) for r in runs["prefire"]) if "prefire" in runs else None,
     }

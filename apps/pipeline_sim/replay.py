@@ -2,7 +2,7 @@
 torch's orders of actions for any number of ranks, and a timeline of them
 with measured durations.
 
-    python -m pipeline_bench --schedule zbv --modes none,torch,session,bubble --json zbv.json
+    python -m pipeline_bench --schedule zbv --modes none,torch,session,prefire --json zbv.json
     python -m pipeline_sim validate zbv.json
     python -m pipeline_sim predict zbv.json --ranks 4,8,16
     python -m pipeline_bench.sweep --json sweep.json
@@ -36,7 +36,7 @@ latency when that ran on another rank, counted from when it was sent: a
 DualPipeV OVERLAP_F_B action sends what its parts produced after its last
 part; its own B for W). The time a rank
 stands before a dependency that is not there yet is a wait: the bubble.
-Modes: none, torch and session replay their own measured durations; bubble
+Modes: none, torch and session replay their own measured durations; prefire
 replays session's, and while a rank waits on another rank it recomputes
 checkpoints of the micro-batches already forwarded whose backward comes
 next on it, in that order, last block first, one checkpoint at a time
@@ -55,13 +55,13 @@ Mode placed replays session's durations with recompute actions of
 their own where a placement puts them (before an action: the rank runs
 them when it reaches the action, then the action as soon as what it
 consumes is there; Note [Where recomputation can run] in place.py),
-the passes shortened as in bubble mode; ``validate`` replays a run's
+the passes shortened as in prefire mode; ``validate`` replays a run's
 placed mode (the pipeline program's ``--placement``) so, on session mode's
 steps of the same index.
-``validate`` replays bubble mode twice: by these rules, from the steps of
+``validate`` replays prefire mode twice: by these rules, from the steps of
 session mode of the same index (the program runs the modes' steps in
 turn, so those ran beside them) and the recorded slack; and as it ran
-("bubble as run"): its own steps' durations, each bubble prefire rank
+("prefire as run"): its own steps' durations, each bubble prefire rank
 time before the action it preceded, no rules. The second checks the
 timeline, the first the rules on top of it.
 Predictions (``predict``) keep what a stage is: a stage of the measured
@@ -93,7 +93,7 @@ from prefire.pipelining.placement import Placement
 
 StageMicroBatch = Tuple[int, int]  # (stage, micro-batch)
 KINDS = ("F", "B", "W", "BW")
-REPLAYED = ("none", "torch", "session", "bubble")
+REPLAYED = ("none", "torch", "session", "prefire")
 
 
 class _StandInStage:
@@ -203,11 +203,11 @@ def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int],
            slack: Optional[Dict[Action, float]] = None, placement: Optional[Placement] = None) -> Replay:
     """Replays one step (Note [What the simulator replays]); ``groups``:
     actions whose outputs are sent together after the last of them
-    (``overlaps``); ``slack``: bubble mode's, per receiving action (what
-    the runtime learned, ``measured_slack``); without it, bubble mode first
+    (``overlaps``); ``slack``: prefire mode's, per receiving action (what
+    the runtime learned, ``measured_slack``); without it, prefire mode first
     replays session mode and takes its waits; ``placement``: placed mode's
     recompute actions."""
-    if mode == "bubble" and slack is None:
+    if mode == "prefire" and slack is None:
         slack = _replay(orders, stage_rank, n_stages, costs, "session", {}, groups, {}).waited
     return _replay(orders, stage_rank, n_stages, costs, mode, slack or {}, groups, placement or {})
 
@@ -215,7 +215,7 @@ def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int],
 def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
             mode: str, slack: Dict[Tuple[str, int, int], float], groups: Sequence[Tuple[Action, ...]],
             placement: Placement) -> Replay:
-    prefires = mode in ("bubble", "placed")
+    prefires = mode in ("prefire", "placed")
     durations = costs.action["session" if prefires else mode]
     world = len(orders)
     end: Dict[Tuple[str, int, int], float] = {}   # ("F" or "back", stage, micro-batch) -> when it ended
@@ -227,7 +227,7 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
     wait = [0.0] * world
     prefire = [0.0] * world
     waited: Dict[Action, float] = {}               # before which action, how long
-    left: Dict[StageMicroBatch, int] = {}                       # bubble: checkpoints not prefired yet
+    left: Dict[StageMicroBatch, int] = {}                       # prefire: checkpoints not prefired yet
     events: List[List[Tuple[str, int, int, float, float]]] = [[] for _ in range(world)]
     placed: set = set()
 
@@ -293,7 +293,7 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
                     break  # another rank has not produced it yet
                 ready = 0.0 if dep is None else (sent[dep] + costs.latency) if received else end[dep]
                 start = free[rank] + costs.before.get(action, 0.0)
-                if mode == "bubble" and received:  # Note [Filling bubbles]
+                if mode == "prefire" and received:  # Note [Filling bubbles]
                     began = start
                     if kind in ("B", "BW"):  # rule 1, whether or not the gradient is there
                         start = prefire_all(rank, (stage, mb), start)

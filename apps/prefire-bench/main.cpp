@@ -37,7 +37,7 @@ struct Options {
   std::vector<double> budgets = {0.25, 0.5};
   std::vector<int> every = {2, 3, 4};
   std::vector<double> memory_budgets = {0.25, 0.5, 0.75, 1.0};
-  std::vector<std::string> modes = {"none", "graph-task", "session", "prefire", "budget"};
+  std::vector<std::string> modes = {"none", "torch", "session", "prefire", "budget"};
   bool session_pool = false;
   std::string json, plot, trace;
   std::string plan_file;  // --plan: plan these costs and print the plan, nothing else
@@ -69,20 +69,22 @@ Options parse(int argc, char** argv) {
   app.add_option("--in-flight", o.run.in_flight, "zbh1: warm-up forwards and W deferral, in micro-batches")
       ->check(CLI::PositiveNumber)->group("schedule");
   app.add_option("--modes", o.modes,
-                 "modes to run: none, graph-task, session, prefire, budget, every (graph-task checkpoints on every "
-                 "n-th block), plan (prefire's plan from a memory budget); --memory-sweep runs the sweep's")
-      ->delimiter(',')->check(CLI::IsMember({"none", "graph-task", "session", "prefire", "budget", "every", "plan"}))
+                 "modes to run (named as the pipeline program names its own): none, torch (a checkpoint per block "
+                 "keyed by graph task, as torch.utils.checkpoint: recomputed in B and in W), session, prefire, budget, "
+                 "torch-every (torch on every n-th block), plan (prefire's plan from a memory budget); "
+                 "--memory-sweep runs the sweep's")
+      ->delimiter(',')->check(CLI::IsMember({"none", "torch", "session", "prefire", "budget", "torch-every", "plan"}))
       ->group("modes");
   app.add_option("--budgets", o.budgets, "budget modes: fractions of the prefire mode's peak session bytes")
       ->delimiter(',')->check(CLI::PositiveNumber)->group("modes");
-  app.add_option("--every", o.every, "every modes: one per n, checkpointing the blocks whose index is a multiple")
+  app.add_option("--every", o.every, "torch-every modes: one per n, checkpointing the blocks whose index is a multiple")
       ->delimiter(',')->check(CLI::PositiveNumber)->group("modes");
   app.add_option("--memory-budgets", o.memory_budgets,
                  "plan modes: one per fraction of the none mode's peak held bytes (the least plan where that is less)")
       ->delimiter(',')->check(CLI::PositiveNumber)->group("modes");
   bool sweep = false;
   app.add_flag("--memory-sweep", sweep,
-               "the memory sweep: modes none, graph-task, every and plan, and a table of each plan against the "
+               "the memory sweep: modes none, torch, torch-every and plan, and a table of each plan against the "
                "configurations that fit its budget")
       ->group("modes");
   app.add_option("--device", o.device, "auto (cuda when present), cpu or cuda")
@@ -104,7 +106,7 @@ Options parse(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::exit(app.exit(e));
   }
-  if (sweep) o.modes = {"none", "graph-task", "every", "plan"};
+  if (sweep) o.modes = {"none", "torch", "torch-every", "plan"};
   o.run.order = order == "zb" ? Order::kAllBThenW : order == "bw" ? Order::kInterleaved : Order::kZbH1;
   if (m.hidden % m.heads != 0) {
     throw std::invalid_argument("--hidden (" + std::to_string(m.hidden) + ") must be a multiple of --heads (" +
@@ -172,11 +174,11 @@ int main(int argc, char** argv) {
                 prefire::session_pool_enabled() ? " (session pool)" : "", o.threads);
 
     std::vector<ModeSpec> plan = {{Mode::kNone}};
-    if (wants(o, "graph-task")) plan.push_back({Mode::kGraphTask});
+    if (wants(o, "torch")) plan.push_back({Mode::kTorch});
     if (wants(o, "session")) plan.push_back({Mode::kSession});
     if (wants(o, "prefire") || wants(o, "budget")) plan.push_back({Mode::kPrefire});
     if (wants(o, "budget")) for (double f : o.budgets) plan.push_back({Mode::kBudget, f});
-    if (wants(o, "every")) for (int n : o.every) plan.push_back({Mode::kEvery, std::nullopt, 0, n});
+    if (wants(o, "torch-every")) for (int n : o.every) plan.push_back({Mode::kTorchEvery, std::nullopt, 0, n});
     if (wants(o, "plan")) for (double f : o.memory_budgets) plan.push_back({Mode::kPlan, f});
 
     Trace trace;

@@ -70,16 +70,16 @@ const char* to_string(Mode mode) {
   switch (mode) {
     case Mode::kNone:
       return "none";
-    case Mode::kGraphTask:
-      return "graph-task";
+    case Mode::kTorch:
+      return "torch";
     case Mode::kSession:
       return "session";
     case Mode::kPrefire:
       return "prefire";
     case Mode::kBudget:
       return "budget";
-    case Mode::kEvery:
-      return "every";
+    case Mode::kTorchEvery:
+      return "torch-every";
     case Mode::kPlan:
       return "plan";
   }
@@ -91,7 +91,7 @@ bool uses_sessions(Mode m) {
 }
 
 std::string label(const ModeSpec& spec) {
-  if (spec.mode == Mode::kEvery) return "every " + std::to_string(spec.every);
+  if (spec.mode == Mode::kTorchEvery) return "torch-every" + std::to_string(spec.every);
   std::string out = to_string(spec.mode);
   if (spec.fraction) out += " " + std::to_string(static_cast<int>(*spec.fraction * 100 + 0.5)) + "%";
   return out;
@@ -160,7 +160,7 @@ at::Tensor stage_forward(const Stage& stage, at::Tensor h, const std::vector<boo
 // Per block: checkpointed in `mode` (the plan's choice is made after its measuring step).
 std::vector<bool> blocks_checkpointed(const ModeSpec& spec, int layers) {
   std::vector<bool> out(static_cast<size_t>(layers), spec.mode != Mode::kNone);
-  if (spec.mode == Mode::kEvery) {
+  if (spec.mode == Mode::kTorchEvery) {
     for (int i = 0; i < layers; ++i) out[static_cast<size_t>(i)] = i % spec.every == 0;
   }
   return out;
@@ -208,7 +208,7 @@ ModeResult run_mode(const RunConfig& config, const ModeSpec& spec, prefire::Sess
   result.budget_fraction = spec.fraction;
   result.budget_bytes = spec.budget_bytes;
   result.label = label(spec);
-  if (mode == Mode::kEvery && spec.every < 1) throw std::invalid_argument("every: n must be at least 1");
+  if (mode == Mode::kTorchEvery && spec.every < 1) throw std::invalid_argument("torch-every: n must be at least 1");
   if (mode == Mode::kPlan && config.warmup < 1) {
     throw std::invalid_argument("plan mode measures in its first step: --warmup must be at least 1");
   }

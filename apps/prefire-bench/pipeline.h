@@ -21,11 +21,11 @@ namespace prefire_bench {
 
 enum class Mode {
   kNone,       // no checkpoint
-  kGraphTask,  // checkpoint per block, keyed by graph task: recomputes in B and again in W
+  kTorch,      // checkpoint per block keyed by graph task, as torch.utils.checkpoint: recomputes in B and again in W
   kSession,    // a session per micro-batch, lazy: recomputed in B, reused in W
   kPrefire,    // sessions + prefire of a micro-batch's checkpoints just before its B
   kBudget,     // prefire under a byte budget per session
-  kEvery,      // graph-task checkpoints on every n-th block only (what torch users write: every n-th layer)
+  kTorchEvery,  // kTorch on every n-th block only (what torch users write: every n-th layer)
   kPlan,       // prefire's plan from a memory budget: the first step measures, then each block kept or
                // checkpointed as prefire::plan_for_budget chose (Note [prefire-bench's memory plan])
 };
@@ -38,7 +38,7 @@ struct ModeSpec {
   Mode mode = Mode::kNone;
   std::optional<double> fraction;  // budget: of the prefire mode's session peak; plan: of none's peak held bytes
   int64_t budget_bytes = 0;        // bytes: budget: per session; plan: the memory budget (the least plan if more)
-  int every = 0;                   // kEvery: checkpoint the blocks whose index is a multiple of it
+  int every = 0;                   // kTorchEvery: checkpoint the blocks whose index is a multiple of it
 };
 std::string label(const ModeSpec& spec);
 

@@ -77,7 +77,7 @@ void print_memory_sweep(std::FILE* out, const std::vector<ModeResult>& results) 
     const double step = spread(r.step_ms).median;
     double best = 0;
     for (const auto& other : results) {
-      const bool configuration = other.mode == Mode::kNone || other.mode == Mode::kGraphTask || other.mode == Mode::kEvery;
+      const bool configuration = other.mode == Mode::kNone || other.mode == Mode::kTorch || other.mode == Mode::kTorchEvery;
       if (!configuration || other.step_peak_bytes > r.step_peak_bytes) continue;
       const double s = spread(other.step_ms).median;
       char cell[48];

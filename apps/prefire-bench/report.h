@@ -19,7 +19,7 @@ Spread spread(std::vector<double> v);
 
 void print_table(std::FILE* out, const RunConfig& config, const std::vector<ModeResult>& results);
 /// Per plan mode: its budget, what it held, its step, its blocks, and the
-/// configurations without a plan (none, graph-task, every n) that fit the
+/// configurations without a plan (none, torch, torch-every<n>) that fit the
 /// same budget, the fastest of them and the ratios.
 void print_memory_sweep(std::FILE* out, const std::vector<ModeResult>& results);
 /// Throws std::runtime_error when a file cannot be written.

@@ -32,7 +32,7 @@ def private_tmp(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("where, modes, expected", [
     ("forward:1", ("none",), "injected fault: a forward of stage"),
-    ("bubble:*", ("bubble",), "injected fault: a recomputation of block"),
+    ("bubble:*", ("prefire",), "injected fault: a recomputation of block"),
 ], ids=["forward", "bubble-prefire"])
 def test_a_failing_rank_is_reported_with_its_exception_first(where, modes, expected, monkeypatch, private_tmp,
                                                              no_children_left):

@@ -443,12 +443,12 @@ def test_bubble_prefires_under_a_memory_budget_keep_it_on_two_ranks_with_exact_g
     from pipeline_bench.config import RunConfig
     from pipeline_bench.sweep import rows
 
-    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("none", "plan-bubble"), memory_budgets=(0.0, 0.5),
+    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("none", "plan-prefire"), memory_budgets=(0.0, 0.5),
                     meter_blocks=True, steps=3, warmup=3, timeout_s=120)
     summary = run(cfg, world=2)
     assert no_children_left()
     sweep = rows(summary)
-    assert [r["name"] for r in sweep] == ["plan-bubble 0%", "plan-bubble 50%"]
+    assert [r["name"] for r in sweep] == ["plan-prefire 0%", "plan-prefire 50%"]
     for r in sweep:
         assert r["within_budget"] and r["exact"], r
         assert all(m <= b for m, b in zip(r["measuring_held"], r["budgets"])), r

@@ -243,7 +243,7 @@ def test_bubble_warmup_steps_is_an_argument(one_rank):
 def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_recomputation(no_children_left):
     cfg = RunConfig(model=TINY, schedule="zbv", steps=1, warmup=4, budgets=(1.0,), timeout_s=60)
     summary = run(cfg, world=2)
-    assert list(summary["modes"]) == ["none", "torch", "session", "bubble", "budget 100%"]
+    assert list(summary["modes"]) == ["none", "torch", "session", "prefire", "budget 100%"]
     assert no_children_left()
     for mode, m in summary["modes"].items():
         assert m["gradients"]["exact"], (mode, m["gradients"])
@@ -329,12 +329,12 @@ def test_held_bytes_fall_with_the_budget_down_to_one_pass_on_two_ranks(no_childr
 def test_eval_after_training_with_bubbles_recomputes_nothing(no_children_left):
     # schedule.eval() on one rank with local stage pairs fails in torch 2.14
     # itself ("can't steal_bwd_input"), so two ranks, interleaved zero bubble
-    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("session", "bubble"), steps=1, warmup=4,
+    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("session", "prefire"), steps=1, warmup=4,
                     eval_steps=2, timeout_s=120)
     summary = run(cfg, world=2)
     for mode, m in summary["modes"].items():
         assert [r["eval_recomputations"] for r in m["ranks"]] == [0, 0], mode
-    assert any(r["pipelining"]["bubble_prefires"] > 0 for r in summary["modes"]["bubble"]["ranks"])
+    assert any(r["pipelining"]["bubble_prefires"] > 0 for r in summary["modes"]["prefire"]["ranks"])
     assert no_children_left()
 
 
@@ -378,33 +378,33 @@ def test_an_h_above_its_bound_is_reported_as_a_noisy_run_with_the_spread_across_
 
     # session 1.0 s, none 0.6 s, waits hold 0.1 s: H can be at most 0.25
     rounds = {"none": [ranks(0.6), ranks(0.62)], "session": [ranks(1.0), ranks(1.1)],
-              "bubble": [ranks(0.7), ranks(0.95)]}
+              "prefire": [ranks(0.7), ranks(0.95)]}
     runs = {mode: ranks(per_round[0][0]["step_s"]) for mode, per_round in rounds.items()}
     grads = {mode: {"exact": True, "max_abs_diff": 0.0} for mode in rounds}
     summary = summarize({}, runs, grads, rounds)
     assert abs(summary["hidden_fraction"]["overall"] - 0.75) < 1e-9
     assert abs(summary["hidden_fraction_bound"] - 0.25) < 1e-9
     assert summary["noisy"]
-    assert summary["rounds"]["step_s"]["bubble"] == {"per_round": [0.7, 0.95], "min": 0.7, "max": 0.95}
+    assert summary["rounds"]["step_s"]["prefire"] == {"per_round": [0.7, 0.95], "min": 0.7, "max": 0.95}
     text = table(summary)
     assert "NOISY RUN" in text and "step ms over 2 rounds (min-max): none 600.0-620.0" in text
     assert "(rounds 0.31-0.75)" in text
 
-    rounds["bubble"] = [ranks(0.95), ranks(0.96)]  # within the bound: not noisy
+    rounds["prefire"] = [ranks(0.95), ranks(0.96)]  # within the bound: not noisy
     runs = {mode: ranks(per_round[0][0]["step_s"]) for mode, per_round in rounds.items()}
     summary = summarize({}, runs, grads, rounds)
     assert not summary["noisy"]
     assert "H below 0" not in table(summary)
 
-    rounds["bubble"] = [ranks(1.05), ranks(1.02)]  # slower than session: H < 0, and the table says what that means
+    rounds["prefire"] = [ranks(1.05), ranks(1.02)]  # slower than session: H < 0, and the table says what that means
     runs = {mode: ranks(per_round[0][0]["step_s"]) for mode, per_round in rounds.items()}
     summary = summarize({}, runs, grads, rounds)
     assert summary["hidden_fraction"]["overall"] < 0
-    assert "H below 0: bubble mode's step came out slower than session mode's" in table(summary)
+    assert "H below 0: prefire mode's step came out slower than session mode's" in table(summary)
 
     rounds["placed"] = [ranks(0.8), ranks(0.85)]  # a placement's H has the same bound: 0.5 above 0.25 is noise
     runs = {mode: ranks(per_round[0][0]["step_s"]) for mode, per_round in rounds.items()}
-    grads["placed"] = grads["bubble"]
+    grads["placed"] = grads["prefire"]
     summary = summarize({}, runs, grads, rounds)
     assert abs(summary["hidden_fraction_placed"]["overall"] - 0.5) < 1e-9 and summary["noisy"]
     assert "placed (the simulator's placement, not the rules): H = (session - placed) / (session - none): overall " \
@@ -461,14 +461,14 @@ def test_program_rejects_what_it_cannot_run():
     with pytest.raises(ValueError, match="unknown or repeated modes"):
         run(RunConfig(model=TINY, modes=("none", "none")))
     with pytest.raises(ValueError, match="no bubble to prefire in"):
-        run(RunConfig(model=TINY, schedule="1f1b", modes=("bubble",)))
+        run(RunConfig(model=TINY, schedule="1f1b", modes=("prefire",)))
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         run(RunConfig(model=TINY), rounds=0)
     placement = {"schedule": "zbv", "world": 2, "micro_batches": TINY.micro_batches, "ranks": [[], []]}
     with pytest.raises(ValueError, match="pass both --modes ...,placed and --placement"):
         run(RunConfig(model=TINY, modes=("placed",)))
     with pytest.raises(ValueError, match="pass both --modes ...,placed and --placement"):
-        run(RunConfig(model=TINY, modes=("bubble",), placement=placement))
+        run(RunConfig(model=TINY, modes=("prefire",), placement=placement))
     with pytest.raises(ValueError, match="the placement was searched for .* this run is"):
         run(RunConfig(model=TINY, schedule="dualpipev", modes=("placed",), placement=placement))
     for budgets in ((-0.5,), (), (0.5, 0.501)):

@@ -61,7 +61,7 @@ def test_a_recompute_action_fills_the_wait_it_is_placed_before_and_delays_a_busy
                                              ("interleaved-1f1b", 4)])
 def test_the_rules_recorded_as_a_placement_replay_as_bubble_mode_does(schedule, world):
     p = pipeline(schedule, world, skew=0.1)
-    bubble = p.run("bubble")
+    bubble = p.run("prefire")
     placed = p.run("placed", rules_placement(bubble))
     assert sum(bubble.prefire_s) > 0
     assert placed.step_s == pytest.approx(bubble.step_s)
@@ -111,7 +111,7 @@ def test_the_search_hides_what_a_wait_holds_and_the_floor_stays_below():
 @pytest.mark.parametrize("schedule, world", [("zbv", 2), ("interleaved-1f1b", 2), ("dualpipev", 2)])
 def test_the_search_ends_no_later_than_the_rules_and_keeps_its_cap(schedule, world):
     p = pipeline(schedule, world, skew=0.3)
-    rules = rules_placement(p.run("bubble"))
+    rules = rules_placement(p.run("prefire"))
     rules_step = p.run("placed", rules).step_s
     _, found = search(p, rules)
     assert floor_s(p) - 1e-9 <= found.step_s <= rules_step + 1e-9

@@ -71,7 +71,7 @@ def test_bubble_rule_1_prefires_the_receiving_micro_batch_whatever_the_wait_and_
     orders = rank_orders("1f1b", 2, 1)
     costs = uniform(2, 1.0, 3.0, checkpoint=0.5, checkpoints=2)
     session = replay(orders, stage_rank("1f1b", 2), 2, costs, "session")
-    bubble = replay(orders, stage_rank("1f1b", 2), 2, costs, "bubble")
+    bubble = replay(orders, stage_rank("1f1b", 2), 2, costs, "prefire")
     assert session.step_s == pytest.approx(1 + 1 + 3 + 3)
     # rank 0 recomputes both checkpoints in its wait (1.0 of 4.0), its backward takes 1.0 less
     assert bubble.prefire_s == [pytest.approx(1.0), 0.0]
@@ -81,7 +81,7 @@ def test_bubble_rule_1_prefires_the_receiving_micro_batch_whatever_the_wait_and_
     short = uniform(2, 0.1, 1.2, checkpoint=0.5, checkpoints=2)
     short.checkpoints[1] = 0
     short.action["session"][("BW", 1)] = 0.2
-    got = replay(orders, stage_rank("1f1b", 2), 2, short, "bubble")
+    got = replay(orders, stage_rank("1f1b", 2), 2, short, "prefire")
     assert got.prefire_s[0] == pytest.approx(1.0) and got.wait_s[0] == 0.0
     assert got.step_s == pytest.approx(0.1 + 1.0 + 1.2 - 1.0)
 
@@ -97,7 +97,7 @@ def test_bubble_rule_2_fills_the_slack_learnt_without_prefires_with_the_next_for
     costs = uniform(2, 1.0, 3.0, checkpoint=0.5, checkpoints=2)
     costs.checkpoints[1] = 0
     costs.action["session"][("BW", 1)] = gradient_after
-    got = replay(orders, lambda s: s, 2, costs, "bubble")
+    got = replay(orders, lambda s: s, 2, costs, "prefire")
     ahead = [e for e in got.events[0] if e[0] == "recompute-bubble" and e[3] < 2.0 + gradient_after + 1e-9]
     assert [(stage, mb) for _, stage, mb, _, _ in ahead] == [(0, 0)] * 2 + [(0, 1)] * prefired_by_rule_2
     assert got.prefire_s[0] == pytest.approx(2.0)  # what rule 2 left, rule 1 prefires at 1's own receive
@@ -113,7 +113,7 @@ def test_a_given_slack_is_what_rule_2_works_to():
     costs.action["session"][("BW", 1)] = 3.0
 
     def rule_2(slack):
-        got = replay(orders, lambda s: s, 2, costs, "bubble", slack=slack)
+        got = replay(orders, lambda s: s, 2, costs, "prefire", slack=slack)
         return [e for e in got.events[0] if e[0] == "recompute-bubble" and e[2] == 1 and e[3] < 5.0]
 
     assert len(rule_2(None)) == 2     # session mode waits 3.0 there: both of micro-batch 1 fit after rule 1
@@ -127,16 +127,16 @@ def test_one_step_replays_with_its_own_durations_and_the_prefires_it_ran():
     orders = rank_orders("1f1b", 2, 1)  # F0, F1, BW1, BW0
     events = [[["F", 0, 0, 0.0, 1.0], ["recompute-bubble", -1, 0, 1.0, 1.5], ["BW", 0, 0, 6.0, 8.5]],
               [["F", 1, 0, 1.0, 2.0], ["BW", 1, 0, 2.0, 6.0]]]
-    summary = {"timelines": {"bubble": [{"steps": [{"events": e, "slack": [["backward", 0, 0, 0.25]]}]}
+    summary = {"timelines": {"prefire": [{"steps": [{"events": e, "slack": [["backward", 0, 0, 0.25]]}]}
                                         for e in events]}}
-    costs = step_costs(uniform(2, 1.0, 3.0), summary, "bubble", 0)
+    costs = step_costs(uniform(2, 1.0, 3.0), summary, "prefire", 0)
     assert costs.instance == {("F", 0, 0): 1.0, ("BW", 0, 0): 2.5, ("F", 1, 0): 1.0, ("BW", 1, 0): 4.0}
     assert costs.before[("BW", 0, 0)] == 0.5 and costs.before[("F", 1, 0)] == 0.0
     got = replay(orders, stage_rank("1f1b", 2), 2, costs, "session")
     assert got.step_s == pytest.approx(1.0 + 1.0 + 4.0 + 2.5)   # the prefire ran inside rank 0's wait
     assert got.wait_s[0] == pytest.approx(6.0 - 1.0 - 0.5)
     assert measured_slack(summary, 0) == {("B", 0, 0): 0.25, ("BW", 0, 0): 0.25}
-    del summary["timelines"]["bubble"][0]["steps"][0]["slack"]
+    del summary["timelines"]["prefire"][0]["steps"][0]["slack"]
     assert measured_slack(summary, 0) is None  # a run from before the slack was recorded
 
 
@@ -170,7 +170,7 @@ def test_an_order_that_deadlocks_is_reported():
 @pytest.fixture(scope="module")
 def tiny_run():
     model = ModelConfig(vocab=64, dim=64, heads=2, blocks=8, seq=32, batch=8, micro_batches=4)
-    cfg = RunConfig(model=model, schedule="interleaved-zb", modes=("none", "torch", "session", "bubble"),
+    cfg = RunConfig(model=model, schedule="interleaved-zb", modes=("none", "torch", "session", "prefire"),
                     steps=2, warmup=4, timeout_s=120)
     return run(cfg, world=2)
 
@@ -179,7 +179,7 @@ def test_a_tiny_two_rank_run_replays_in_its_measured_order_and_near_its_measured
     """The replay takes the run's own order and durations and gives a step
     and bubbles for every mode. How near the measured step it lands is not
     asserted: a tiny run on a shared 2-core machine is mostly noise (CI once
-    measured bubble mode's step at twice its replay, 0.208 s against 0.105 s,
+    measured prefire mode's step at twice its replay, 0.208 s against 0.105 s,
     with another test running beside it); docs/benchmarks.md holds the
     validation, on the default model with nothing else running."""
     orders = rank_orders("interleaved-zb", 2, 4)
@@ -189,8 +189,8 @@ def test_a_tiny_two_rank_run_replays_in_its_measured_order_and_near_its_measured
                    if kind in ("F", "B", "W", "BW")]
             assert ran == orders[rank], (mode, rank)
     rows = {row["mode"]: row for row in validate(tiny_run)}
-    assert set(rows) == {"none", "torch", "session", "bubble", "bubble as run"}
-    for k in range(2):  # the slack bubble mode's runtime worked to: learnt at receiving actions of the order
+    assert set(rows) == {"none", "torch", "session", "prefire", "prefire as run"}
+    for k in range(2):  # the slack prefire mode's runtime worked to: learnt at receiving actions of the order
         slack = measured_slack(tiny_run, k)
         assert slack and set(slack) <= {a for order in orders for a in order} | \
             {("B" if kind == "BW" else "BW", stage, mb) for order in orders for kind, stage, mb in order}
@@ -204,7 +204,7 @@ def test_a_tiny_two_rank_run_replays_in_its_measured_order_and_near_its_measured
     # the filler ran where its rules put it: each bubble prefire right before an action that waited on a receive
     owner = stage_rank("interleaved-zb", 2)
     prefires = 0
-    for rank, timeline in enumerate(tiny_run["timelines"]["bubble"]):
+    for rank, timeline in enumerate(tiny_run["timelines"]["prefire"]):
         for step in timeline["steps"]:
             events = sorted(step["events"], key=lambda e: e[3])
             for i, event in enumerate(events):
@@ -216,8 +216,8 @@ def test_a_tiny_two_rank_run_replays_in_its_measured_order_and_near_its_measured
                 assert kind != "W" and 0 <= sender < 4 and owner(sender) != rank, (rank, event, (kind, stage, mb))
     assert prefires > 0
     predicted = predict(tiny_run, "interleaved-zb", 4)
-    assert predicted["micro_batches"] == 8 and set(predicted["step_s"]) == {"none", "torch", "session", "bubble"}
-    assert predicted["step_s"]["bubble"] <= predicted["step_s"]["session"]
+    assert predicted["micro_batches"] == 8 and set(predicted["step_s"]) == {"none", "torch", "session", "prefire"}
+    assert predicted["step_s"]["prefire"] <= predicted["step_s"]["session"]
     assert no_children_left()
 
 
