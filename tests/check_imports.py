@@ -18,6 +18,8 @@ import pathlib
 import sys
 from typing import Dict, List, Set
 
+from checks import report
+
 
 def module_name(root: pathlib.Path, path: pathlib.Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
@@ -103,11 +105,7 @@ def main() -> int:
         for path in sorted((root / top).rglob("*.py")):
             for name in sorted({m for m in imports(root, path) if private(m)}):
                 errors.append(f"{path.relative_to(repo)} imports {name}: the programs use prefire's public names")
-    for e in errors:
-        print(e, file=sys.stderr)
-    print(f"check_imports: {'FAILED' if errors else 'ok'} ({len(roots)} packages, {len(errors)} circles or private "
-          "imports)")
-    return 1 if errors else 0
+    return report("check_imports", errors, f"{len(roots)} packages, {len(errors)} circles or private imports")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import pathlib
 import re
 import sys
 
+from checks import report
+
 # top to bottom; a layer may include the layers before it
 LAYERS = ["hooks", "cuda", "memory", "offload", "checkpoint", "session"]
 # layers beside the others: they include none of them (plan/ is built without torch besides)
@@ -40,10 +42,7 @@ def main() -> int:
                 if m.group(1) not in ok:
                     errors.append(f"{path.relative_to(root)} includes \"{m.group(1)}/...\": layer {layer} may "
                                   f"include only {sorted(ok)}")
-    for e in errors:
-        print(e, file=sys.stderr)
-    print(f"check_layers: {'FAILED' if errors else 'ok'} ({len(errors)} upward includes or unplaced folders)")
-    return 1 if errors else 0
+    return report("check_layers", errors, f"{len(errors)} upward includes or unplaced folders")
 
 
 if __name__ == "__main__":

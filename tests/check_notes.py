@@ -14,6 +14,8 @@ import re
 import sys
 from typing import Dict, List
 
+from checks import report
+
 FOLDERS = ("include", "src", "kernels", "profiling", "python", "apps", "tests", "benchmarks", "docs", "scripts",
            "examples")
 SUFFIXES = {".h", ".cpp", ".cu", ".c", ".py", ".pyi", ".md", ".sh", ".txt", ".cmake"}
@@ -72,10 +74,7 @@ def main() -> int:
             errors.append(f"docs/design.md's Notes index puts Note [{name}] in {indexed[name]}; it is in {paths[0]}")
     for name in sorted(set(indexed) - set(defined)):
         errors.append(f"docs/design.md's Notes index lists Note [{name}], which no file writes")
-    for e in errors:
-        print(e, file=sys.stderr)
-    print(f"check_notes: {'FAILED' if errors else 'ok'} ({len(defined)} Notes, {len(errors)} mismatches)")
-    return 1 if errors else 0
+    return report("check_notes", errors, f"{len(defined)} Notes, {len(errors)} mismatches")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def _read(path: str) -> Dict[str, Any]:
         return json.load(f)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline_sim",
                                 description="Replays pipeline schedules with durations a 2-rank run of "
                                             "python -m pipeline_bench measured (its --json summary).")
@@ -54,8 +54,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "first (scaled as predict's)")
     pl.add_argument("--search-ranks", type=int, default=8, metavar="N",
                     help="search placements up to N ranks (the search takes minutes at 16)")
-    pl.add_argument("--ahead", type=int, default=None, metavar="N",
-                    help="the search holds at most N checkpoints per rank recomputed before their pass")
+    pl.add_argument("--max-held", type=int, default=None, metavar="N",
+                    help="the search holds at most N checkpoints per rank recomputed before their pass at once")
     pl.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     pl.add_argument("--write-placement", metavar="PATH",
                     help="write the search's placement (the rules' above --search-ranks) for the pipeline program's "
@@ -75,36 +75,48 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="an assumed offload tier moving this many GB per second to it and back (one number: both "
                          "ways; 0: the copies as the run's tier measured them)")
     pp.add_argument("--json", metavar="PATH", help="write the rows as JSON")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = _parser().parse_args(argv)
     summaries = [_read(path) for path in a.runs]
-    if a.command == "predict-plans":
-        return _predict_plans(summaries, a)
-    if a.command == "search":
-        print(f"{'schedule':14} {'run':9} {'plans':>5} {'best ms':>8} {'prefire ms':>10} {'prefire/best':>12} "
-              f"{'measured ms':>11}  best plan (k: kept, c: checkpointed, s: selectively, o: offloaded) / prefire's")
-        for summary in summaries:
-            for row in search(summary, a.bandwidth):
-                def letters(plan):  # per micro-batch, split by / where they differ
-                    return plan_letters([[c.name for c in options] for options in plan])
-                print(f"{summary['config']['schedule']:14} {row['name']:9} {row['plans_tried']:5d} "
-                      f"{row['best_s'] * 1e3:8.1f} {row['chosen_s'] * 1e3:10.1f} {row['chosen_over_best']:12.3f} "
-                      f"{row['measured_s'] * 1e3:11.1f}  {letters(row['best'])} / {letters(row['chosen'])}")
-        return 0
-    if a.command == "place":
-        return _place(summaries, a)
-    if a.command == "validate":
-        print(f"{'schedule':18} {'mode':13} {'step ms':>8} {'replay':>8} {'diff':>6}   "
-              f"{'bubble ms (steps min-max)':>26} {'replay':>8} {'diff':>6}")
-        for summary in summaries:
-            for row in validate(summary):
-                waits, sim_wait = row["wait_s"], row["simulated_wait_s"] * 1e3
-                bubble = (f"{waits * 1e3:9.1f} ({row['wait_range_s'][0] * 1e3:5.1f}-{row['wait_range_s'][1] * 1e3:5.1f})"
-                          f" {sim_wait:8.1f} {row['simulated_wait_s'] / waits - 1:+6.1%}" if waits else
-                          f"{'not seen':>26} {sim_wait:8.1f} {'-':>6}")
-                print(f"{row['schedule']:18} {row['mode']:13} {row['step_s'] * 1e3:8.1f} "
-                      f"{row['simulated_step_s'] * 1e3:8.1f} {row['simulated_step_s'] / row['step_s'] - 1:+6.1%}   "
-                      + bubble)
-        return 0
+    commands = {"predict-plans": _predict_plans, "search": _search, "place": _place, "validate": _validate,
+                "predict": _predict}
+    return commands[a.command](summaries, a)
+
+
+def _search(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
+    print(f"{'schedule':14} {'run':9} {'plans':>5} {'best ms':>8} {'prefire ms':>10} {'prefire/best':>12} "
+          f"{'measured ms':>11}  best plan (k: kept, c: checkpointed, s: selectively, o: offloaded) / prefire's")
+
+    def letters(plan):  # per micro-batch, split by / where they differ
+        return plan_letters([[c.name for c in options] for options in plan])
+
+    for summary in summaries:
+        for row in search(summary, a.bandwidth):
+            print(f"{summary['config']['schedule']:14} {row['name']:9} {row['plans_tried']:5d} "
+                  f"{row['best_s'] * 1e3:8.1f} {row['chosen_s'] * 1e3:10.1f} {row['chosen_over_best']:12.3f} "
+                  f"{row['measured_s'] * 1e3:11.1f}  {letters(row['best'])} / {letters(row['chosen'])}")
+    return 0
+
+
+def _validate(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
+    print(f"{'schedule':18} {'mode':13} {'step ms':>8} {'replay':>8} {'diff':>6}   "
+          f"{'bubble ms (steps min-max)':>26} {'replay':>8} {'diff':>6}")
+    for summary in summaries:
+        for row in validate(summary):
+            waits, sim_wait = row["wait_s"], row["simulated_wait_s"] * 1e3
+            bubble = (f"{waits * 1e3:9.1f} ({row['wait_range_s'][0] * 1e3:5.1f}-{row['wait_range_s'][1] * 1e3:5.1f})"
+                      f" {sim_wait:8.1f} {row['simulated_wait_s'] / waits - 1:+6.1%}" if waits else
+                      f"{'not seen':>26} {sim_wait:8.1f} {'-':>6}")
+            print(f"{row['schedule']:18} {row['mode']:13} {row['step_s'] * 1e3:8.1f} "
+                  f"{row['simulated_step_s'] * 1e3:8.1f} {row['simulated_step_s'] / row['step_s'] - 1:+6.1%}   "
+                  + bubble)
+    return 0
+
+
+def _predict(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
     ranks = [int(r) for r in a.ranks.split(",") if r]
     by_schedule = {s["config"]["schedule"]: s for s in summaries}
     schedules = [s for s in by_schedule if s != "1f1b"]  # 1f1b's own run has no middle stage:
@@ -119,7 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for row in predictions:
         ratio = row["ratio_to_torch"]
         print(f"{row['schedule']:18} {row['world']:5d} {ratio['none']:10.3f} {ratio['session']:13.3f} "
-              f"{cell(ratio.get('bubble'), digits=3):>12} {row['bubble_fraction']['session']:21.3f} "
+              f"{cell(ratio.get('prefire'), digits=3):>12} {row['bubble_fraction']['session']:21.3f} "
               f"{cell(row['hidden_fraction'], digits=2):>6} {cell(row['hidden_fraction_max'], digits=2):>6} "
               f"{cell(row['waits_over_recompute'], digits=2):>12}")
     if a.json:
@@ -166,7 +178,7 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
         return 2
     for schedule in schedules:
         for world in worlds:
-            row = compare(by_schedule.get(schedule, summaries[0]), schedule, world, a.ahead,
+            row = compare(by_schedule.get(schedule, summaries[0]), schedule, world, a.max_held,
                           searched=world <= a.search_ranks)
             rows.append(row)
             h = row["hidden"]

@@ -15,7 +15,7 @@ from .predict import scaled_costs
 from .replay import Pipeline, overlaps, rank_orders
 
 
-def compare(summary: Dict, schedule: str, world: int, ahead: Optional[int] = None,
+def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = None,
             searched: bool = True) -> Dict:
     """``schedule`` on ``world`` ranks (micro-batches twice the ranks, the
     measured run's median durations scaled as ``predict`` scales them): H
@@ -35,7 +35,7 @@ def compare(summary: Dict, schedule: str, world: int, ahead: Optional[int] = Non
 
     recompute = sum(pipeline.costs.checkpoints[s] * pipeline.costs.checkpoint[s]
                     for order in pipeline.orders for kind, s, _ in order if kind in PASSES)
-    row = {"schedule": schedule, "world": world, "micro_batches": 2 * world, "ahead": ahead,
+    row = {"schedule": schedule, "world": world, "micro_batches": 2 * world, "max_held": max_held,
            "session_s": session.step_s, "none_s": none.step_s, "floor_s": floor_s(pipeline),
            "waits_over_recompute": min(1.0, sum(session.wait_s) / recompute) if recompute else None}
     rules = rules_placement(pipeline.run("prefire"))
@@ -44,7 +44,7 @@ def compare(summary: Dict, schedule: str, world: int, ahead: Optional[int] = Non
                hidden={"rules": hidden(rules_run.step_s), "max": min(1.0, hidden(row["floor_s"]))
                        if lazy > 0 else None})
     if searched:
-        placement, found = search(pipeline, rules, ahead)
+        placement, found = search(pipeline, rules, max_held)
         row.update(search_s=found.step_s, search_held=max(held_ahead(found)), placement=placement)
         row["hidden"]["search"] = hidden(found.step_s)
     return row

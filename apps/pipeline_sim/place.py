@@ -23,7 +23,7 @@ each replayed with the same (median) durations:
   the same step, the ranks' forwards and backwards end earlier in sum (the
   step is the slowest rank's, so a move that helps another rank first shows
   there); until a sweep over every checkpoint moves none (four at most). Optionally at
-  most ``ahead`` checkpoints per rank recomputed before their pass at once
+  most ``max_held`` checkpoints per rank recomputed before their pass at once
   (a memory plan's room, in checkpoints);
 * the floor (``floor_s``): no placement, and no order of the rank's actions,
   ends a step before every rank has done session mode's work after its
@@ -132,16 +132,17 @@ def _take_one(placement: Placement, stage: int, mb: int) -> Tuple[Placement, boo
     return out, False
 
 
-def search(pipeline: Pipeline, start: Optional[Placement] = None, ahead: Optional[int] = None,
+def search(pipeline: Pipeline, start: Optional[Placement] = None, max_held: Optional[int] = None,
            every_point: bool = False, sweeps: int = 4) -> Tuple[Placement, Replay]:
     """A local search over placements (Note [Where recomputation can run]):
     from ``start``, one checkpoint at a time, to the point that ends the
     step earliest. Candidate points: before the actions between the
     checkpoint's forward and its pass that waited, or are a W, or the pass
-    itself (``every_point``: before every action in between). ``ahead``:
-    at most this many checkpoints per rank recomputed before their pass."""
+    itself (``every_point``: before every action in between). ``max_held``:
+    at most this many checkpoints per rank held recomputed before their
+    pass at once (``held_ahead``)."""
     def fits(result: Replay) -> bool:
-        return ahead is None or max(held_ahead(result)) <= ahead
+        return max_held is None or max(held_ahead(result)) <= max_held
 
     placement = copy.deepcopy(start or {})
     current = pipeline.run("placed", placement)

@@ -215,57 +215,124 @@ def replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int],
 def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int, costs: Costs,
             mode: str, slack: Dict[Tuple[str, int, int], float], groups: Sequence[Tuple[Action, ...]],
             placement: Placement) -> Replay:
-    prefires = mode in ("prefire", "placed")
-    durations = costs.action["session" if prefires else mode]
-    world = len(orders)
-    end: Dict[Tuple[str, int, int], float] = {}   # ("F" or "back", stage, micro-batch) -> when it ended
-    sent: Dict[Tuple[str, int, int], float] = {}  # ... -> when its output left for another rank
-    last_of = {action: group[-1] for group in groups for action in group}
-    members = {group[-1]: group for group in groups}
-    free = [0.0] * world
-    at = [0] * world
-    wait = [0.0] * world
-    prefire = [0.0] * world
-    waited: Dict[Action, float] = {}               # before which action, how long
-    left: Dict[StageMicroBatch, int] = {}                       # prefire: checkpoints not prefired yet
-    events: List[List[Tuple[str, int, int, float, float]]] = [[] for _ in range(world)]
-    placed: set = set()
+    return _Timeline(orders, stage_rank, n_stages, costs, mode, slack, groups, placement).run()
 
-    def prefire_all(rank: int, key: StageMicroBatch, now: float, until: float = float("inf"),
+
+class _Timeline:
+    """One replayed step (Note [What the simulator replays]): each rank runs
+    its actions in order, an action when the rank is free and what it
+    consumes is there."""
+
+    def __init__(self, orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int], n_stages: int,
+                 costs: Costs, mode: str, slack: Dict[Tuple[str, int, int], float],
+                 groups: Sequence[Tuple[Action, ...]], placement: Placement) -> None:
+        self.orders, self.stage_rank, self.n_stages, self.costs = orders, stage_rank, n_stages, costs
+        self.mode, self.slack, self.placement = mode, slack, placement
+        self.prefires = mode in ("prefire", "placed")
+        self.durations = costs.action["session" if self.prefires else mode]
+        world = len(orders)
+        self.end: Dict[Tuple[str, int, int], float] = {}   # ("F" or "back", stage, micro-batch) -> when it ended
+        self.sent: Dict[Tuple[str, int, int], float] = {}  # ... -> when its output left for another rank
+        self.last_of = {action: group[-1] for group in groups for action in group}
+        self.members = {group[-1]: group for group in groups}
+        self.free = [0.0] * world
+        self.at = [0] * world
+        self.wait = [0.0] * world
+        self.prefire = [0.0] * world
+        self.waited: Dict[Action, float] = {}               # before which action, how long
+        self.left: Dict[StageMicroBatch, int] = {}          # prefire: checkpoints not prefired yet
+        self.events: List[List[Tuple[str, int, int, float, float]]] = [[] for _ in range(world)]
+        self.placed: set = set()
+
+    def run(self) -> Replay:
+        todo = sum(len(o) for o in self.orders)
+        while todo:
+            ran = 0
+            for rank in range(len(self.orders)):
+                while self.at[rank] < len(self.orders[rank]) and self.step(rank):
+                    todo -= 1
+                    ran += 1
+            if not ran:
+                stuck = {rank: self.orders[rank][self.at[rank]] for rank in range(len(self.orders))
+                         if self.at[rank] < len(self.orders[rank])}
+                raise RuntimeError(f"pipeline_sim: the schedule's order deadlocks at {stuck}")
+        return Replay(max(self.free) + self.costs.tail, self.wait, self.prefire, self.waited, self.events)
+
+    def step(self, rank: int) -> bool:
+        """Runs the rank's next action; False where what it consumes is not there yet."""
+        costs = self.costs
+        kind, stage, mb = action = self.orders[rank][self.at[rank]]
+        if action in self.placement and action not in self.placed:  # recompute actions placed before it
+            self.placed.add(action)
+            for r_stage, r_mb, count in self.placement[action]:
+                self.free[rank] = self.prefire_all(rank, (r_stage, r_mb), self.free[rank], count=count,
+                                                   kind="recompute-placed")
+        dep = _consumes(action, self.n_stages)
+        received = dep is not None and self.stage_rank(dep[1]) != self.stage_rank(stage)
+        if dep is not None and dep not in (self.sent if received else self.end):
+            return False  # another rank has not produced it yet
+        ready = 0.0 if dep is None else (self.sent[dep] + costs.latency) if received else self.end[dep]
+        start = self.free[rank] + costs.before.get(action, 0.0)
+        if self.mode == "prefire" and received:  # Note [Filling bubbles]
+            began = start
+            if kind in ("B", "BW"):  # rule 1, whether or not the gradient is there
+                start = self.prefire_all(rank, (stage, mb), start)
+            start = self.fill(rank, start, began + self.slack.get(action, 0.0))  # rule 2
+        if ready > start:
+            self.wait[rank] += ready - start
+            self.waited[action] = ready - start
+            self.events[rank].append(("wait", stage, mb, start, ready))
+            start = ready
+        took = costs.instance.get(action, self.durations[(kind, stage)]) + costs.overhead
+        if self.prefires and kind != "F":
+            took -= self.shorter(kind, stage, mb)
+        self.free[rank] = start + took
+        self.end[_produced(action)] = self.free[rank]
+        if action not in self.last_of:
+            self.sent[_produced(action)] = self.free[rank]
+        elif self.last_of[action] == action:
+            self.sent.update({_produced(a): self.free[rank] for a in self.members[action]})
+        self.events[rank].append((kind, stage, mb, start, self.free[rank]))
+        self.at[rank] += 1
+        return True
+
+    def prefire_all(self, rank: int, key: StageMicroBatch, now: float, until: float = float("inf"),
                     count: Optional[int] = None, kind: str = "recompute-bubble") -> float:
         """Prefires ``key``'s checkpoints not prefired yet, one at a time
         while the next one ends by ``until``, at most ``count`` (a placed
         recompute action's); returns when it stopped."""
         stage, mb = key
-        remaining = left.setdefault(key, costs.checkpoints.get(stage, 0))
+        checkpoint = self.costs.checkpoint
+        remaining = self.left.setdefault(key, self.costs.checkpoints.get(stage, 0))
         ran = 0
-        while remaining and now + costs.checkpoint[stage] <= until and (count is None or ran < count):
-            events[rank].append((kind, stage, mb, now, now + costs.checkpoint[stage]))
-            now += costs.checkpoint[stage]
-            prefire[rank] += costs.checkpoint[stage]
+        while remaining and now + checkpoint[stage] <= until and (count is None or ran < count):
+            self.events[rank].append((kind, stage, mb, now, now + checkpoint[stage]))
+            now += checkpoint[stage]
+            self.prefire[rank] += checkpoint[stage]
             remaining -= 1
             ran += 1
-        left[key] = remaining
+        self.left[key] = remaining
         return now
 
-    def fill(rank: int, now: float, until: float) -> float:
+    def fill(self, rank: int, now: float, until: float) -> float:
         """Rule 2 until ``until`` (the receive's slack): the micro-batches
         already forwarded whose backward comes next on the rank, in order."""
-        for kind, stage, mb in orders[rank][at[rank]:]:
+        for kind, stage, mb in self.orders[rank][self.at[rank]:]:
             if now >= until:
                 break
-            if kind in ("B", "BW") and end.get(("F", stage, mb), until) <= now:
-                now = prefire_all(rank, (stage, mb), now, until)
+            if kind in ("B", "BW") and self.end.get(("F", stage, mb), until) <= now:
+                now = self.prefire_all(rank, (stage, mb), now, until)
         return now
 
-    def shorter(kind: str, stage: int, mb: int) -> float:
+    def shorter(self, kind: str, stage: int, mb: int) -> float:
         """What the micro-batch's passes no longer recompute: B first, then
         W, each down to what it takes without checkpoints (none mode)."""
+        costs = self.costs
         checkpoints = costs.checkpoints.get(stage, 0)
-        prefired = (checkpoints - left.get((stage, mb), checkpoints)) * costs.checkpoint.get(stage, 0.0)
+        prefired = (checkpoints - self.left.get((stage, mb), checkpoints)) * costs.checkpoint.get(stage, 0.0)
 
         def recomputes(pass_kind: str) -> float:  # the pass's recomputation: it less the pass without checkpoints
-            took = costs.instance.get((pass_kind, stage, mb), durations[(pass_kind, stage)])
+            took = costs.instance.get((pass_kind, stage, mb), self.durations[(pass_kind, stage)])
             return max(0.0, took - costs.action["none"].get((pass_kind, stage), 0.0))
 
         if kind == "BW":  # a full backward, even on a stage that splits other micro-batches' (DualPipeV)
@@ -274,52 +341,6 @@ def _replay(orders: Sequence[Sequence[Action]], stage_rank: Callable[[int], int]
         if kind == "B":
             return min(prefired, inside_b)
         return min(max(0.0, prefired - inside_b), recomputes("W"))
-
-    todo = sum(len(o) for o in orders)
-    while todo:
-        ran = 0
-        for rank in range(world):
-            while at[rank] < len(orders[rank]):
-                kind, stage, mb = orders[rank][at[rank]]
-                action = (kind, stage, mb)
-                if action in placement and action not in placed:  # recompute actions placed before it
-                    placed.add(action)
-                    for r_stage, r_mb, count in placement[action]:
-                        free[rank] = prefire_all(rank, (r_stage, r_mb), free[rank], count=count,
-                                                 kind="recompute-placed")
-                dep = _consumes(action, n_stages)
-                received = dep is not None and stage_rank(dep[1]) != stage_rank(stage)
-                if dep is not None and dep not in (sent if received else end):
-                    break  # another rank has not produced it yet
-                ready = 0.0 if dep is None else (sent[dep] + costs.latency) if received else end[dep]
-                start = free[rank] + costs.before.get(action, 0.0)
-                if mode == "prefire" and received:  # Note [Filling bubbles]
-                    began = start
-                    if kind in ("B", "BW"):  # rule 1, whether or not the gradient is there
-                        start = prefire_all(rank, (stage, mb), start)
-                    start = fill(rank, start, began + slack.get((kind, stage, mb), 0.0))  # rule 2
-                if ready > start:
-                    wait[rank] += ready - start
-                    waited[(kind, stage, mb)] = ready - start
-                    events[rank].append(("wait", stage, mb, start, ready))
-                    start = ready
-                took = costs.instance.get(action, durations[(kind, stage)]) + costs.overhead
-                if prefires and kind != "F":
-                    took -= shorter(kind, stage, mb)
-                free[rank] = start + took
-                end[_produced(action)] = free[rank]
-                if action not in last_of:
-                    sent[_produced(action)] = free[rank]
-                elif last_of[action] == action:
-                    sent.update({_produced(a): free[rank] for a in members[action]})
-                events[rank].append((kind, stage, mb, start, free[rank]))
-                at[rank] += 1
-                todo -= 1
-                ran += 1
-        if not ran:
-            stuck = {rank: orders[rank][at[rank]] for rank in range(world) if at[rank] < len(orders[rank])}
-            raise RuntimeError(f"pipeline_sim: the schedule's order deadlocks at {stuck}")
-    return Replay(max(free) + costs.tail, wait, prefire, waited, events)
 
 
 @dataclass

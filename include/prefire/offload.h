@@ -15,6 +15,7 @@ namespace prefire {
 
 namespace detail {
 class TierStore;
+struct TierAccess;  // the offloaded checkpoints' way to a tier's internals (src/offload/tier_store.h)
 }  // namespace detail
 
 /// Where offloaded checkpoints keep their saved tensors between forward and
@@ -73,10 +74,8 @@ class OffloadTier {
   /// free run of `nbytes`.
   double measure_copy_seconds(int64_t nbytes);
 
-  /// The tier's internals (the offloaded checkpoints' side).
-  detail::TierStore& store() const { return *store_; }
-
  private:
+  friend struct detail::TierAccess;
   explicit OffloadTier(std::unique_ptr<detail::TierStore> store);
   std::unique_ptr<detail::TierStore> store_;
 };

@@ -353,65 +353,81 @@ def checkpoint(
     forced = torch_checkpoint._enable_checkpoint_early_stop  # set_checkpoint_early_stop wins, as in torch
     if forced is not None:
         early_stop = forced
-    types = None  # forward's input types, when some input is not a plain tensor
-    if not kwargs and all(type(a) is torch.Tensor for a in args):
-        leaves, spec, where = list(args), None, range(len(args))
-    else:
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        if any(type(leaves[i]) is not torch.Tensor for i in where):
-            types = [type(leaves[i]) for i in where]
-    # Forward's output structure. Cleared once read: the function below lives
-    # as long as the checkpoint, and must not keep forward's outputs alive.
-    forward: dict = {}
+    call = _FunctionCall(function, args, kwargs)
+    selective: List[_EveryRecomputation] = []
+    tensors = _C.checkpoint(call.run, call.tensors(), preserve_rng_state, determinism_check, early_stop,
+                            _for_prefire(context_fn, selective), offload_to, offload_inputs_only)
+    _held.storages = {key: nbytes for recompute in selective for key, nbytes in recompute.count().items()}
+    return call.outputs(tensors)
 
-    device = _device_context()
 
-    def run(tensors):
-        if types is not None:
-            tensors = [_as_forward_type(t, cls) for t, cls in zip(tensors, types)]
-        if "done" not in forward:
-            return call(tensors)
+class _FunctionCall:
+    """``function(*args, **kwargs)`` as the C++ checkpoint runs it: its
+    tensors as a flat list (handed back with forward's types for a
+    recomputation), and forward's output structure, to give the tensors the
+    checkpoint returns forward's shape. It lives as long as the checkpoint,
+    so it lets go of forward's inputs and outputs once the forward is done."""
+
+    def __init__(self, function: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        self.function = function
+        self.types: Optional[List[type]] = None  # forward's input types, when some input is not a plain tensor
+        if not kwargs and all(type(a) is torch.Tensor for a in args):
+            self.leaves, self.spec, self.where = list(args), None, range(len(args))
+        else:
+            self.leaves, self.spec = pytree.tree_flatten((args, kwargs))
+            self.where = [i for i, leaf in enumerate(self.leaves) if isinstance(leaf, torch.Tensor)]
+            if any(type(self.leaves[i]) is not torch.Tensor for i in self.where):
+                self.types = [type(self.leaves[i]) for i in self.where]
+        self.forward: Dict[str, Any] = {}  # forward's output structure, cleared once read
+        self.device = _device_context()
+
+    def tensors(self) -> List[torch.Tensor]:
+        return [self.leaves[i] for i in self.where]
+
+    def run(self, tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+        if self.types is not None:
+            tensors = [_as_forward_type(t, cls) for t, cls in zip(tensors, self.types)]
+        if "done" not in self.forward:
+            return self._call(tensors)
         # A recomputation: forward's torch.device(...) context, FSDP2's
         # parameters gathered (Note [Prefire of FSDP2-sharded blocks]).
-        if "fsdp" not in forward:
-            forward["fsdp"] = _fsdp.states_of(function)
+        if "fsdp" not in self.forward:
+            self.forward["fsdp"] = _fsdp.states_of(self.function)
         with contextlib.ExitStack() as contexts:
-            if device is not None:
-                contexts.enter_context(DeviceContext(device))
-            if forward["fsdp"]:
-                contexts.enter_context(_fsdp.gathered(forward["fsdp"]))
-            return call(tensors)
+            if self.device is not None:
+                contexts.enter_context(DeviceContext(self.device))
+            if self.forward["fsdp"]:
+                contexts.enter_context(_fsdp.gathered(self.forward["fsdp"]))
+            return self._call(tensors)
 
-    def call(tensors):
-        if spec is None:
-            out = function(*tensors)
+    def _call(self, tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+        if self.spec is None:
+            out = self.function(*tensors)
         else:
-            values = list(leaves)
-            for i, t in zip(where, tensors):
+            values = list(self.leaves)
+            for i, t in zip(self.where, tensors):
                 values[i] = t
-            call_args, call_kwargs = pytree.tree_unflatten(values, spec)
-            out = function(*call_args, **call_kwargs)
+            call_args, call_kwargs = pytree.tree_unflatten(values, self.spec)
+            out = self.function(*call_args, **call_kwargs)
         if type(out) is torch.Tensor:
             flat, out_spec = [out], None
         else:
             flat, out_spec = pytree.tree_flatten(out)
-        if "done" not in forward:  # a recomputation's outputs are dropped
-            forward.update(done=True, flat=flat, spec=out_spec)
+        if "done" not in self.forward:  # a recomputation's outputs are dropped
+            self.forward.update(done=True, flat=flat, spec=out_spec)
         return [o for o in flat if isinstance(o, torch.Tensor)]
 
-    selective: List[_EveryRecomputation] = []
-    tensors = _C.checkpoint(run, [leaves[i] for i in where], preserve_rng_state, determinism_check, early_stop,
-                            _for_prefire(context_fn, selective), offload_to, offload_inputs_only)
-    _held.storages = {key: nbytes for recompute in selective for key, nbytes in recompute.count().items()}
-    for i in where:  # recomputations get them from the checkpoint, which saved them through autograd
-        leaves[i] = None
-    flat, out_spec = forward.pop("flat"), forward.pop("spec")
-    if out_spec is None:
-        return tensors[0]
-    returned = iter(tensors)
-    flat = [next(returned) if isinstance(o, torch.Tensor) else o for o in flat]
-    return pytree.tree_unflatten(flat, out_spec)
+    def outputs(self, tensors: List[torch.Tensor]) -> Any:
+        """What ``function`` returned in forward, with the checkpoint's
+        ``tensors`` in place of its tensors."""
+        for i in self.where:  # recomputations get them from the checkpoint, which saved them through autograd
+            self.leaves[i] = None
+        flat, out_spec = self.forward.pop("flat"), self.forward.pop("spec")
+        if out_spec is None:
+            return tensors[0]
+        returned = iter(tensors)
+        flat = [next(returned) if isinstance(o, torch.Tensor) else o for o in flat]
+        return pytree.tree_unflatten(flat, out_spec)
 
 
 def checkpoint_sequential(functions, segments: int, input: torch.Tensor, use_reentrant: Optional[bool] = None,

@@ -5,7 +5,7 @@
 // prefire must not replace it (install() refuses). That engine asks
 // torch's stack of default saved-tensor hooks (what
 // torch.autograd.graph.saved_tensors_hooks pushes) for the hooks of every
-// saved tensor. So the module installs a HookSource (src/hooks/hook_stack.h): whenever a
+// saved tensor. So the module installs a HookSource (prefire/detail/hooks.h): whenever a
 // hook context scope opens on a thread (a checkpoint's forward, a
 // recomputation, a SavedTensorMeter), it pushes one pair of hooks onto torch's
 // stack, and pops it when the scope ends. The pair is two C++ functions
@@ -31,8 +31,8 @@
 #include <prefire/prefire.h>
 
 #include "bindings.h"
-#include "../../src/hooks/hook_stack.h"
-#include "../../src/memory/count_in_meter.h"
+
+#include <prefire/detail/hooks.h>
 
 #include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/Exceptions.h>
@@ -263,14 +263,7 @@ std::string fields_repr(const char* name, std::initializer_list<std::pair<const 
   return out + ")";
 }
 
-}  // namespace
-}  // namespace prefire::python
-
-PYBIND11_MODULE(_C, m) {
-  using namespace prefire;
-  using namespace prefire::python;
-  m.doc() = "prefire's C++ runtime (see the prefire package for the API)";
-
+void bind_errors_and_hooks(py::module_& m) {
   // Errors: prefire.CheckpointError is a torch.utils.checkpoint.CheckpointError.
   py::object torch_error = py::module_::import("torch.utils.checkpoint").attr("CheckpointError");
   // Leaked like the hooks: a static Python object would be released after
@@ -290,7 +283,9 @@ PYBIND11_MODULE(_C, m) {
   g_unpack = new py::function(py::cpp_function(&unpack));
   static auto* hooks = new PythonHooks();
   prefire::detail::set_hook_source(hooks);
+}
 
+void bind_checkpoint_and_tiers(py::module_& m) {
   m.def("checkpoint", &checkpoint_, py::arg("run"), py::arg("inputs"), py::arg("preserve_rng_state"),
         py::arg("determinism_check"), py::arg("early_stop"), py::arg("context_fn"), py::arg("offload_to"),
         py::arg("offload_inputs_only"));
@@ -322,7 +317,10 @@ PYBIND11_MODULE(_C, m) {
       .def("measure_copy_seconds", &OffloadTier::measure_copy_seconds, py::arg("nbytes"),
            py::call_guard<py::gil_scoped_release>(),
            "Seconds one copy of nbytes into the tier and one back take, measured now after an untimed pair");
+}
 
+// The scopes of the Python package's context managers (collect, session, SavedTensorMeter), and handles.
+void bind_scopes(py::module_& m) {
   py::class_<CheckpointHandle>(m, "CheckpointHandle", "A checkpoint collected in forward, for prefire/attach.")
       .def_property_readonly("expired", &CheckpointHandle::expired);
 
@@ -365,7 +363,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_count_in_meter", [](const TensorList& tensors) {
     return std::make_unique<CountedInMeter>(prefire::detail::count_in_meter(tensors));
   }, py::arg("tensors"));
+}
 
+void bind_sessions(py::module_& m) {
   py::enum_<PrefireStatus>(m, "PrefireStatus")
       .value("RECOMPUTED", PrefireStatus::kRecomputed)
       .value("ALREADY_RESIDENT", PrefireStatus::kAlreadyResident)
@@ -416,7 +416,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("pass_reads", &prefire::pass_reads, py::arg("session"));
   m.def("keep_only", &prefire::keep_only, py::arg("session"), py::arg("keep"),
         py::call_guard<py::gil_scoped_release>());
+}
 
+void bind_runtime_stats(py::module_& m) {
   py::class_<RuntimeStats>(m, "RuntimeStats",
                            "Process-wide counters (prefire.runtime_stats()): counts since start, bytes now and at the "
                            "peak since start or reset_runtime_peak().")
@@ -447,9 +449,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_runtime_peak", &prefire::reset_runtime_peak);
   m.def("set_recompute_observer", [](const py::object& observer) { set_recompute_observer(wrap_observer(observer)); },
         py::arg("observer"));
+}
 
-  bind_plan(m);  // plan_bindings.cpp
-
+void bind_allocators_and_cuda(py::module_& m) {
   // What the allocators hold (allocator_meter.h): every allocation, not prefire's census.
   py::class_<AllocatorBytes>(m, "AllocatorBytes", "Live bytes of a device's allocator: now and at the peak.")
       .def_readonly("current", &AllocatorBytes::current, "bytes: allocated and not yet freed")
@@ -476,4 +478,19 @@ PYBIND11_MODULE(_C, m) {
     throw std::runtime_error("prefire was built without CUDA: no prefire stream");
 #endif
   }, py::arg("device"));
+}
+
+}  // namespace
+}  // namespace prefire::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace prefire::python;
+  m.doc() = "prefire's C++ runtime (see the prefire package for the API)";
+  bind_errors_and_hooks(m);
+  bind_checkpoint_and_tiers(m);
+  bind_scopes(m);
+  bind_sessions(m);
+  bind_runtime_stats(m);
+  bind_plan(m);  // plan_bindings.cpp
+  bind_allocators_and_cuda(m);
 }

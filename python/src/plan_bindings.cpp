@@ -86,7 +86,8 @@ std::string misfit(const std::vector<std::string>& names, const std::vector<std:
     if (std::find(names.begin(), names.end(), k) == names.end()) unknown.push_back(k);
   }
   return (missing.empty() ? "" : "missing field(s) " + joined(missing)) +
-         (missing.empty() || unknown.empty() ? "" : "; ") + (unknown.empty() ? "" : "unknown field(s) " + joined(unknown));
+         (missing.empty() || unknown.empty() ? "" : "; ") +
+         (unknown.empty() ? "" : "unknown field(s) " + joined(unknown));
 }
 
 template <typename T, typename M>

@@ -59,7 +59,7 @@ class OffloadedInput final : public PackedTensor {
  public:
   OffloadedInput(std::shared_ptr<OffloadTier> tier, StorageCopy copy, ViewGeometry view)
       : tier_(std::move(tier)), copy_(std::move(copy)), view_(std::move(view)) {}
-  at::Tensor unpack() override { return view_.over(tier_->store().read_now(copy_)); }
+  at::Tensor unpack() override { return view_.over(TierAccess::store(*tier_).read_now(copy_)); }
 
  private:
   std::shared_ptr<OffloadTier> tier_;
@@ -78,12 +78,12 @@ class InputOffload final : public HookContext {
       // a parameter: what a recomputation would find again
       return std::make_unique<KeptTensor>(tensor.requires_grad() ? tensor.tensor_data() : tensor);
     }
-    if (const char* why = tier_->store().refuses(tensor)) {
+    if (const char* why = TierAccess::store(*tier_).refuses(tensor)) {
       throw CheckpointError(c10::str("prefire: input ", index, " of a checkpoint that offloads its inputs cannot go "
                                      "to its tier: ", why, ". Recompute this block without offloading"));
     }
     return std::make_unique<OffloadedInput>(
-        tier_, tier_->store().copy_in(tensor.storage(), c10::str("input ", index, " of a checkpoint")),
+        tier_, TierAccess::store(*tier_).copy_in(tensor.storage(), c10::str("input ", index, " of a checkpoint")),
         ViewGeometry::of(tensor));
   }
 

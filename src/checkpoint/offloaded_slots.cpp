@@ -73,7 +73,7 @@ void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
     slots_.push_back(std::move(entry));
     return;
   }
-  if (const char* why = tier_->store().refuses(tensor)) {
+  if (const char* why = TierAccess::store(*tier_).refuses(tensor)) {
     throw CheckpointError(c10::str("prefire: an offloaded checkpoint saved a tensor its tier cannot take (saved "
                                    "tensor ", slot, ", ", SlotMetadata::of(tensor).to_string(), "): ", why,
                                    ". Keep or recompute this block instead of offloading it"));
@@ -82,7 +82,7 @@ void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
   auto found = by_storage_.find(storage.unsafeGetStorageImpl());
   if (found == by_storage_.end()) {
     // On this thread: a full tier fails the forward (Note [Offloading a checkpoint]).
-    Stored stored{tier_->store().copy_in(storage, c10::str("saved tensor ", slot, " of a checkpoint"))};
+    Stored stored{TierAccess::store(*tier_).copy_in(storage, c10::str("saved tensor ", slot, " of a checkpoint"))};
     std::lock_guard<std::mutex> lock(mu_);
     found = by_storage_.emplace(storage.unsafeGetStorageImpl(), static_cast<int>(stored_.size())).first;
     stored_.push_back(std::move(stored));
@@ -124,7 +124,7 @@ void OffloadedSlots::fetch(Recomputation& r, const SlotTable& slots, size_t coun
       }
     }
   }
-  TierStore::ReadBack back = tier_->store().read(copies, prefetch);
+  TierStore::ReadBack back = TierAccess::store(*tier_).read(copies, prefetch);
   r.reset(count);
   if (back.in_pool) r.count_in_pool();
   for (size_t slot = 0; slot < count; ++slot) {

@@ -15,19 +15,16 @@
 // recomputing?" before "am I inside a forward frame?" gets this wrong and hands
 // a backward node a tensor of another slot.
 
+#include <prefire/detail/hooks.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <memory>
 
 namespace prefire::detail {
 
-/// A saved tensor as prefire keeps it: what a pack produced and the matching
-/// unpack consumes. Destroyed when autograd releases the saved tensor.
-class PackedTensor {
- public:
-  virtual ~PackedTensor() = default;
-  virtual at::Tensor unpack() = 0;
-};
+// PackedTensor, StopRecompute, HookContext, current_hook_context(), HookSource
+// and set_hook_source(): prefire/detail/hooks.h (what the Python binding needs).
 
 /// A saved tensor kept as it is (a recomputation's own graph's; a parameter
 /// among an offloaded checkpoint's inputs).
@@ -39,43 +36,6 @@ class KeptTensor final : public PackedTensor {
  private:
   at::Tensor tensor_;
 };
-
-/// Thrown by a recomputation's pack to end it early (Note [Early stop] in
-/// checkpoint/frame.cpp). Not a std::exception, so that user code catching
-/// those lets it through; a hook source that crosses other frames carries it
-/// across.
-struct StopRecompute {};
-
-/// An entry of the stack: decides what happens to a tensor autograd saves.
-class HookContext {
- public:
-  virtual std::unique_ptr<PackedTensor> pack(const at::Tensor& tensor) = 0;
-
- protected:
-  ~HookContext() = default;
-};
-
-/// The innermost context of this thread, or nullptr when no checkpoint runs.
-/// This is the whole cost prefire adds to a saved tensor outside checkpoints.
-HookContext* current_hook_context() noexcept;
-
-/// Where saved tensors come from when no engine of prefire's hands them over:
-/// told when a context scope starts and ends on the calling thread, so that
-/// it routes saves to current_hook_context() while any scope is open.
-class HookSource {
- public:
-  virtual void enter() = 0;
-  virtual void leave() noexcept = 0;
-
- protected:
-  ~HookSource() = default;
-};
-
-/// Installs `source` process-wide (nullptr: none). For the Python package;
-/// set once, before the first checkpoint.
-void set_hook_source(HookSource* source) noexcept;
-/// The installed source, or nullptr.
-HookSource* hook_source() noexcept;
 
 /// Pushes `context` for the lifetime of the scope. Scopes normally leave in
 /// LIFO order; one that leaves early is unlinked where it is (see Note

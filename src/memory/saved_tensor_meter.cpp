@@ -1,7 +1,7 @@
 #include <prefire/saved_tensor_meter.h>
 
 #include "hooks/hook_stack.h"
-#include "memory/count_in_meter.h"
+#include <prefire/detail/hooks.h>
 #include "memory/storage_census.h"
 
 #include <c10/core/Storage.h>

@@ -7,6 +7,8 @@
 // (checkpoint/offloaded_slots.h) and offloaded inputs use it; nothing here
 // knows checkpoints.
 
+#include <prefire/offload.h>
+
 #include "cuda/prefire_stream.h"
 #include "offload/copy_worker.h"
 #include "offload/space.h"
@@ -93,6 +95,11 @@ class TierStore {
   Space space_;
   std::atomic<int64_t> bytes_written_{0};
   std::atomic<int64_t> bytes_read_{0};
+};
+
+/// A tier's internals, for the offloaded checkpoints (OffloadTier keeps them private).
+struct TierAccess {
+  static TierStore& store(const OffloadTier& tier) { return *tier.store_; }
 };
 
 }  // namespace prefire::detail

@@ -89,7 +89,7 @@ using plan_detail::options_of;
 
 constexpr int64_t kCapacityUnits = 4096;
 constexpr Choice kKeep = Choice::kKeep;
-constexpr Choice kFull = Choice::kCheckpoint;
+constexpr Choice kCheckpoint = Choice::kCheckpoint;
 constexpr Choice kSelective = Choice::kSelective;
 constexpr Choice kOffload = Choice::kOffload;
 
@@ -102,18 +102,18 @@ Choices knapsack(const std::vector<BlockCost>& blocks, int64_t largest, int64_t 
   const auto units = static_cast<size_t>(capacity / unit);
   struct Item {
     size_t block;
-    Choice choice;  // kKeep, kSelective or kOffload, in place of kFull
+    Choice choice;  // kKeep, kSelective or kOffload, in place of kCheckpoint
     size_t weight;  // units
-    double value;   // recompute seconds it saves over kFull
+    double value;   // recompute seconds it saves over kCheckpoint
   };
-  std::vector<std::vector<Item>> items;  // per block that has a choice, its choices beyond kFull
+  std::vector<std::vector<Item>> items;  // per block that has a choice, its choices beyond kCheckpoint
   Choices choices(blocks.size(), kKeep);
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCost& b = blocks[i];
     if (b.saved_bytes > largest) continue;  // kept
     const int64_t keep = add_product(0, b.in_flight, b.saved_bytes - b.input_bytes);
     if (keep <= 0) continue;  // keeping it costs nothing
-    choices[i] = kFull;
+    choices[i] = kCheckpoint;
     std::vector<Item> choice;
     auto add = [&](Choice c, int64_t extra, double value) {
       if (value <= 0) return;
@@ -131,7 +131,7 @@ Choices knapsack(const std::vector<BlockCost>& blocks, int64_t largest, int64_t 
     }
     if (!choice.empty()) items.push_back(std::move(choice));
   }
-  // best[c]: the most recompute seconds saved within c units; took[k][c]: item k's choice there (0: kFull)
+  // best[c]: the most recompute seconds saved within c units; took[k][c]: item k's choice there (0: kCheckpoint)
   std::vector<double> best(units + 1, 0.0);
   std::vector<std::vector<uint8_t>> took(items.size(), std::vector<uint8_t>(units + 1, 0));
   for (size_t k = 0; k < items.size(); ++k) {
@@ -164,7 +164,7 @@ Choices knapsack(const std::vector<BlockCost>& blocks, int64_t largest, int64_t 
 // then those left checkpointed selectively where that fits and costs less
 // (Note [Choosing a plan]).
 Choices greedy(const std::vector<BlockCost>& blocks, int64_t budget, Release release) {
-  Choices choices(blocks.size(), kFull);
+  Choices choices(blocks.size(), kCheckpoint);
   std::vector<size_t> order(blocks.size());
   for (size_t i = 0; i < blocks.size(); ++i) order[i] = i;
   auto per_byte = [&](size_t i) {
@@ -194,7 +194,7 @@ Choices greedy(const std::vector<BlockCost>& blocks, int64_t budget, Release rel
 
 // The choice of `b` other than keeping it that holds least (a checkpoint, or offloaded where that holds less).
 Choice least_holding(const BlockCost& b) {
-  Choice least = kFull;
+  Choice least = kCheckpoint;
   for (Choice o : options_of(b)) {
     if (o != kKeep && held_bytes(b, o) < held_bytes(b, least)) least = o;
   }
@@ -246,7 +246,7 @@ Choices by_position(const std::vector<BlockCost>& blocks, int64_t budget) {
     }
     best = std::move(next);
   }
-  Choices choices(blocks.size(), kFull);  // nothing fits: a plan the caller finds over budget
+  Choices choices(blocks.size(), kCheckpoint);  // nothing fits: a plan the caller finds over budget
   size_t q = 0;
   for (size_t p = 1; p <= units; ++p) {
     if (best[p] < best[q]) q = p;
@@ -310,7 +310,7 @@ bool exhaustive(const std::vector<BlockCost>& blocks, Release release) {
   return true;
 }
 
-// Every choice per block (kKeep, kFull, and kSelective and kOffload where a block offers them), in turn.
+// Every choice per block (kKeep, kCheckpoint, and kSelective and kOffload where a block offers them), in turn.
 template <typename Consider>
 void every_plan(const std::vector<BlockCost>& blocks, const Consider& consider) {
   std::vector<Choices> options;
@@ -421,7 +421,7 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t memory_budget
   consider(Choices(n, kKeep));
   for (size_t every = 1; every <= n; ++every) {  // what torch users write: every n-th block (1: all)
     Choices choices(n, kKeep);
-    for (size_t i = 0; i < n; i += every) choices[i] = kFull;
+    for (size_t i = 0; i < n; i += every) choices[i] = kCheckpoint;
     consider(choices);
   }
   consider(least_plan);  // one fits: the budget is at least what it holds

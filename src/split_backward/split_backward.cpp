@@ -279,17 +279,18 @@ struct SplitBackwardAccess {
   static std::unique_ptr<detail::WeightPassState>& state(WeightPass& w) { return w.state_; }
 };
 
-SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_outputs, const TensorList& inputs,
-                             const TensorList& params) {
-  PREFIRE_NVTX_RANGE("prefire::backward_input", -1);
-  using torch::autograd::edge_list;
+namespace {
+
+using torch::autograd::edge_list;
+
+// The outputs' gradient edges and the gradients B starts from, checked.
+void check_roots(const TensorList& outputs, const TensorList& grad_outputs, edge_list& roots,
+                 TensorList& root_grads) {
   if (grad_outputs.size() != outputs.size()) {
     throw std::invalid_argument("prefire::backward_input: " + std::to_string(grad_outputs.size()) +
                                 " grad_outputs for " + std::to_string(outputs.size()) +
                                 " outputs; pass one per output (undefined for ones, one-element outputs only)");
   }
-  edge_list roots;
-  TensorList root_grads;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor& out = outputs[i];
     if (!out.defined() || !out.requires_grad()) {
@@ -312,34 +313,37 @@ SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_o
     roots.push_back(detail::gradient_edge_of(out));
     root_grads.push_back(std::move(grad));
   }
+}
 
-  // Inputs that need a gradient, and the parameters.
+// The stage's graph cut into B and W (Note [Splitting backward into B and W]): the edges of the inputs that need a
+// gradient and of the parameters, the nodes that lead to the inputs (b_part) and to the parameters (w_part), and
+// the intermediates where the two meet, in the graph's breadth-first order.
+struct Partition {
   edge_list input_edges;
   std::vector<size_t> input_slots;  // input index of each input edge
   std::unordered_set<Node*> input_nodes;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined() || !inputs[i].requires_grad()) continue;
-    input_edges.push_back(detail::gradient_edge_of(inputs[i]));
-    input_slots.push_back(i);
-    input_nodes.insert(input_edges.back().function.get());
-  }
   edge_list param_edges;
+  std::unordered_set<Node*> b_part, w_part, intermediates;
+  std::vector<Node*> ordered_intermediates;  // deterministic
+};
+
+Partition partition(const detail::StageGraph& graph, const edge_list& input_edges,
+                    const std::vector<size_t>& input_slots, const TensorList& params) {
+  Partition p{.input_edges = input_edges, .input_slots = input_slots};
+  for (const Edge& e : input_edges) p.input_nodes.insert(e.function.get());
   std::vector<Node*> param_nodes;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined() || !params[i].requires_grad()) {
       throw std::invalid_argument("prefire::backward_input: parameter " + std::to_string(i) +
                                   " does not require grad; pass only the parameters to differentiate");
     }
-    param_edges.push_back(detail::gradient_edge_of(params[i]));
-    param_nodes.push_back(param_edges.back().function.get());
-    if (input_nodes.count(param_nodes.back()) != 0) {
+    p.param_edges.push_back(detail::gradient_edge_of(params[i]));
+    param_nodes.push_back(p.param_edges.back().function.get());
+    if (p.input_nodes.count(param_nodes.back()) != 0) {
       throw std::invalid_argument("prefire::backward_input: parameter " + std::to_string(i) +
                                   " is also one of the inputs; pass each tensor in one list");
     }
   }
-
-  // See Note [Splitting backward into B and W].
-  const detail::StageGraph graph(roots, input_nodes);
   for (size_t i = 0; i < param_nodes.size(); ++i) {
     if (graph.refs.count(param_nodes[i]) == 0) {
       throw std::invalid_argument("prefire::backward_input: parameter " + std::to_string(i) +
@@ -348,30 +352,34 @@ SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_o
     }
   }
   std::vector<Node*> reached_inputs;
-  for (Node* node : input_nodes) {
+  for (Node* node : p.input_nodes) {
     if (graph.refs.count(node) != 0) reached_inputs.push_back(node);
   }
-  const std::unordered_set<Node*> b_part = graph.leading_to(reached_inputs, nullptr, nullptr);
-  std::unordered_set<Node*> intermediates;
-  const std::unordered_set<Node*> w_part = graph.leading_to(param_nodes, &b_part, &intermediates);
-
-  // B: the input gradients, and what arrives at every intermediate.
-  std::vector<Node*> ordered_intermediates;  // in the graph's breadth-first order: deterministic
+  p.b_part = graph.leading_to(reached_inputs, nullptr, nullptr);
+  p.w_part = graph.leading_to(param_nodes, &p.b_part, &p.intermediates);
   for (Node* node : graph.nodes) {
-    if (intermediates.count(node) != 0) ordered_intermediates.push_back(node);
+    if (p.intermediates.count(node) != 0) p.ordered_intermediates.push_back(node);
   }
-  edge_list captures = input_edges;
-  for (Node* node : ordered_intermediates) {
+  return p;
+}
+
+// B: runs the engine from the roots to the input edges and every intermediate's inputs, recording what arrives at
+// each intermediate (Note [Hooks run once across B and W]); returns the input edges' gradients and, per
+// intermediate, what arrived there.
+std::pair<TensorList, std::vector<torch::autograd::variable_list>> run_b(const detail::StageGraph& graph,
+                                                                          const Partition& p, const edge_list& roots,
+                                                                          const TensorList& root_grads) {
+  edge_list captures = p.input_edges;
+  for (Node* node : p.ordered_intermediates) {
     for (uint32_t k = 0; k < node->num_inputs(); ++k) captures.emplace_back(graph.refs.at(node), k);
   }
-  // See Note [Hooks run once across B and W].
   std::vector<std::shared_ptr<torch::autograd::variable_list>> arrived;
-  for (Node* node : ordered_intermediates) {
+  for (Node* node : p.ordered_intermediates) {
     arrived.push_back(std::make_shared<torch::autograd::variable_list>());
     node->add_tensor_pre_hook(std::make_unique<detail::ArrivingGradients>(arrived.back()));
   }
   auto remove_recorders = [&] {
-    for (Node* node : ordered_intermediates) node->tensor_pre_hooks().pop_back();
+    for (Node* node : p.ordered_intermediates) node->tensor_pre_hooks().pop_back();
   };
   TensorList captured(captures.size());
   try {
@@ -385,59 +393,93 @@ SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_o
     throw;
   }
   remove_recorders();
+  captured.resize(p.input_edges.size());
+  std::vector<torch::autograd::variable_list> at_intermediates;
+  for (const auto& grads : arrived) at_intermediates.push_back(*grads);
+  return {std::move(captured), std::move(at_intermediates)};
+}
 
-  SplitBackward result;
-  result.input_grads.resize(inputs.size());
-  for (size_t e = 0; e < input_edges.size(); ++e) result.input_grads[input_slots[e]] = captured[e];
-
-  auto state = std::make_unique<detail::WeightPassState>();
-  state->params = params;
-  state->param_edges = param_edges;
-  for (size_t i = 0; i < ordered_intermediates.size(); ++i) {
-    const torch::autograd::variable_list& grads = *arrived[i];
+// W's roots: what arrived at each intermediate, and the outputs in the weight part (they seed W themselves).
+void seed_w(const detail::StageGraph& graph, const Partition& p,
+            const std::vector<torch::autograd::variable_list>& arrived, const edge_list& roots,
+            const TensorList& root_grads, detail::WeightPassState& state) {
+  for (size_t i = 0; i < p.ordered_intermediates.size(); ++i) {
+    const torch::autograd::variable_list& grads = arrived[i];
     for (uint32_t k = 0; k < grads.size(); ++k) {
       if (!grads[k].defined()) continue;
-      state->roots.emplace_back(graph.refs.at(ordered_intermediates[i]), k);
-      state->root_grads.push_back(grads[k]);
+      state.roots.emplace_back(graph.refs.at(p.ordered_intermediates[i]), k);
+      state.root_grads.push_back(grads[k]);
     }
-    if (!grads.empty()) state->intermediates.push_back(graph.refs.at(ordered_intermediates[i]));
+    if (!grads.empty()) state.intermediates.push_back(graph.refs.at(p.ordered_intermediates[i]));
   }
-  for (size_t o = 0; o < roots.size(); ++o) {  // outputs in the weight part seed W themselves
-    if (w_part.count(roots[o].function.get()) != 0) {
-      state->roots.push_back(roots[o]);
-      state->root_grads.push_back(root_grads[o]);
+  for (size_t o = 0; o < roots.size(); ++o) {
+    if (p.w_part.count(roots[o].function.get()) != 0) {
+      state.roots.push_back(roots[o]);
+      state.root_grads.push_back(root_grads[o]);
     }
   }
+}
 
-  // See Note [Memory that follows the passes].
-  // Cut through the edge list: set_next_edge() refuses nodes that have
-  // parents because adding an edge could break the topological numbering;
-  // removing one cannot.
-  // See Note [Backward through what B consumed raises].
-  for (Node* node : ordered_intermediates) {
+// After B: the graph below the intermediates belongs to no pass any more (Note [Memory that follows the passes]).
+// Cut through the edge list: set_next_edge() refuses nodes that have parents because adding an edge could break
+// the topological numbering; removing one cannot. See Note [Backward through what B consumed raises].
+void let_go_of_b(const detail::StageGraph& graph, const Partition& p, detail::WeightPassState& state) {
+  for (Node* node : p.ordered_intermediates) {
     const NodeRef consumed = detail::make_node<detail::ConsumedByBackwardInput>();
     std::vector<size_t> cut;
     for (size_t e = 0; e < node->num_outputs(); ++e) {
       Edge& next = node->next_edges()[e];
-      if (next.is_valid() && w_part.count(next.function.get()) == 0) {
+      if (next.is_valid() && p.w_part.count(next.function.get()) == 0) {
         next = Edge(consumed, static_cast<detail::ConsumedByBackwardInput&>(*consumed).add_input_like(next));
         cut.push_back(e);
       }
     }
     if (cut.empty()) continue;
-    state->consumed.push_back(consumed);
+    state.consumed.push_back(consumed);
     node->add_pre_hook(std::make_unique<detail::CutEdgesGuard>(node, std::move(cut)));
   }
   for (Node* node : graph.nodes) {  // See Note [A freed weight part is seen, not guessed].
-    if (w_part.count(node) != 0 || intermediates.count(node) != 0) {
-      node->add_pre_hook(std::make_unique<detail::FreedWatch>(state->watch));
+    if (p.w_part.count(node) != 0 || p.intermediates.count(node) != 0) {
+      node->add_pre_hook(std::make_unique<detail::FreedWatch>(state.watch));
     }
   }
   for (Node* node : graph.nodes) {
-    if (b_part.count(node) != 0 && intermediates.count(node) == 0 && input_nodes.count(node) == 0) {
+    if (p.b_part.count(node) != 0 && p.intermediates.count(node) == 0 && p.input_nodes.count(node) == 0) {
       node->release_variables();
     }
   }
+}
+
+}  // namespace
+
+SplitBackward backward_input(const TensorList& outputs, const TensorList& grad_outputs, const TensorList& inputs,
+                             const TensorList& params) {
+  PREFIRE_NVTX_RANGE("prefire::backward_input", -1);
+  edge_list roots;
+  TensorList root_grads;
+  check_roots(outputs, grad_outputs, roots, root_grads);
+  edge_list input_edges;  // the inputs that need a gradient
+  std::vector<size_t> input_slots;
+  std::unordered_set<Node*> input_nodes;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined() || !inputs[i].requires_grad()) continue;
+    input_edges.push_back(detail::gradient_edge_of(inputs[i]));
+    input_slots.push_back(i);
+    input_nodes.insert(input_edges.back().function.get());
+  }
+  // See Note [Splitting backward into B and W].
+  const detail::StageGraph graph(roots, input_nodes);
+  const Partition p = partition(graph, input_edges, input_slots, params);
+  auto [input_grads, arrived] = run_b(graph, p, roots, root_grads);
+
+  SplitBackward result;
+  result.input_grads.resize(inputs.size());
+  for (size_t e = 0; e < p.input_edges.size(); ++e) result.input_grads[p.input_slots[e]] = input_grads[e];
+  auto state = std::make_unique<detail::WeightPassState>();
+  state->params = params;
+  state->param_edges = p.param_edges;
+  seed_w(graph, p, arrived, roots, root_grads, *state);
+  let_go_of_b(graph, p, *state);
   for (const at::Tensor& out : outputs) {
     if (!out.is_leaf() && !out.is_view()) out.detach_();
   }

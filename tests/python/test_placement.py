@@ -115,7 +115,7 @@ def test_the_search_ends_no_later_than_the_rules_and_keeps_its_cap(schedule, wor
     rules_step = p.run("placed", rules).step_s
     _, found = search(p, rules)
     assert floor_s(p) - 1e-9 <= found.step_s <= rules_step + 1e-9
-    _, capped = search(p, rules, ahead=1)
+    _, capped = search(p, rules, max_held=1)
     assert max(held_ahead(capped)) <= 1
-    nothing, none_ahead = search(p, rules, ahead=0)
+    nothing, none_ahead = search(p, rules, max_held=0)
     assert nothing == {} and none_ahead.step_s == pytest.approx(p.run("session").step_s)

@@ -2,63 +2,48 @@
 :mod:`prefire.pipelining`).
 
 Note [A rank's byte budget]
-``enable(schedule, budget_bytes=N)`` caps the recomputed activations that
-the sessions of the rank's stages hold together, all micro-batches at once:
-what the rank's memory sees. Two things make a rank hold them:
-  * B keeps what it recomputed for W (``retain_on_unpack``): in a zero-bubble
-    schedule several micro-batches sit between their B and their W;
-  * bubble prefires hold a micro-batch's recomputation until its B.
-Every pass that recomputes holds its micro-batch's recomputation of the
-stage while it runs (a session's last pass lets go when it ends): that is
-the floor no budget goes below. A stage's need, learnt as its sessions
-close, is the most one of its sessions held; ``pass_bytes`` the most of all
-stages.
-
-Both decisions walk the rank's actions in the schedule's own order
-(``_headroom``, counted by the C++ planner: ``least_session_room`` in
-include/prefire/pipeline_plan.h, which prefire-bench asks too): each B or
-full backward holds its stage's need less what is prefired of it while it
-runs; each W lets go of its micro-batch, and holds its stage's need while
-it runs if it recomputes.
-  * After B, a micro-batch keeps its recomputation for W only if the rank
-    stays within N until that W, every other micro-batch at its floor
-    meanwhile: a later B lets go of its recomputation and its W
-    recomputes. That floor is what the later decisions can always fall
-    back to, so no later moment finds the kept session over N. Otherwise
-    the session is cleared and its checkpoints join a fresh session that
-    W recomputes into (two recomputations instead of one, still fewer than
-    torch's checkpoint, which recomputes for B and for each weight group).
-  * A bubble prefire into a micro-batch's session may fill it up to what
-    keeps the rank within N from now until that micro-batch's B, every B
-    before it keeping its recomputation for W (what its stage's sessions
-    kept after B once they keep only what W reads: ``kept``, Note [What a
-    session keeps for W] in ``_sessions.py``; the session's budget is set
-    to that right before; the runtime refuses a prefire over it and the
-    rest stays B's). "Now" is the rank's place in its actions, counted by
-    the stage wrappers (``ran``).
-Under a memory plan (``enable(memory_budget=...)``, Note [A pipeline rank's
-memory plan] in _plan.py) N is what the planner says the memory
-budget leaves beside the plan's blocks while each action runs
-(``set(room=Plan.room_bytes)``, Note [What a plan holds] in
-src/plan/plan_bytes.cpp): more room where few micro-batches are in flight,
-and the plan already counted each pass where it runs; a micro-batch whose
-blocks the plan keeps needs no pass (``expect(idle=...)``: a plan chooses
-per micro-batch).
-What a B keeps for W saves a recomputation; a bubble prefire only moves one
-off the critical path. So the keep decision must not depend on when the
-bubbles fell (a slow machine prefires at other moments than a fast one):
-a B that fits only without some bubble-prefired sessions lets go of them
-(those whose B comes last first; their checkpoints join fresh sessions and
-their B recomputes them). With the prefire rule above that happens only
-when the place in the actions is unknown (a schedule with no order of
-actions, not built on ``_PipelineScheduleRuntime``, where both decisions
-keep room for one pass, ``pass_bytes``, instead; or a step whose actions
-ran in another order than the schedule's).
-A budget below ``pass_bytes`` cannot be kept: nothing is kept nor
-prefired, and the rank holds that need while a pass runs; a warning says
-so once. On a stage that holds FSDP2 modules, W runs with the stage
-unsharded (the runtime's UNSHARD action comes before its compute), so a W
-that recomputes all-gathers nothing (tests/python/test_fsdp.py).
+``enable(schedule, budget_bytes=N)`` caps the recomputed activations the
+sessions of the rank's stages hold together, all micro-batches at once. A
+B keeping its recomputation for W (zero-bubble schedules hold several
+micro-batches between B and W) and bubble prefires ahead of a B make them
+hold it.
+1. A pass that recomputes holds its micro-batch's recomputation of the
+   stage while it runs. A stage's need is the most one of its sessions
+   held (learnt as they close); the floor is the most over the stages
+   (``floor_bytes``). Below the floor the rank keeps nothing for W and
+   prefires nothing, and says so once.
+2. Both decisions below walk the rank's actions in the schedule's order,
+   counted by the C++ planner (include/prefire/pipeline_plan.h): a B or full
+   backward holds its stage's need less what is prefired of it; a W lets go
+   of its micro-batch, and holds its stage's need while it runs if it
+   recomputes. "Now" is the rank's place in its actions (``ran``).
+3. After B, a session keeps its recomputation for W only if the actions up
+   to that W stay within N, every other micro-batch at its floor meanwhile
+   (a later B lets go, its W recomputes): what any later decision can fall
+   back to, so none finds a kept session over N (``keep_for_w``). Otherwise
+   it is cleared and its checkpoints join a fresh session W recomputes into
+   (two recomputations, still fewer than torch's checkpoint).
+4. A bubble prefire may fill a micro-batch's session up to what keeps the
+   rank within N from now until its B, every B before it keeping its
+   recomputation for W (what its stage's sessions keep after B once trimmed:
+   Note [What a session keeps for W] in _sessions.py). The session's budget
+   is set to that right before; the runtime refuses a prefire over it and
+   the rest is B's.
+5. Keeping for W saves a recomputation; a prefire only moves one. So a B
+   that fits only without some bubble-prefired sessions lets go of them,
+   those whose B comes last first (their B recomputes them): whether a B
+   keeps does not depend on when the bubbles fell.
+6. Without a place in the actions (a schedule not built on
+   ``_PipelineScheduleRuntime``, or a step run in another order than the
+   schedule's), both decisions keep room for one pass beside what is held.
+7. Under a memory plan (Note [A pipeline rank's memory plan] in _plan.py), N
+   is what the plan leaves the sessions while each action runs
+   (``Plan.room_bytes``, Note [What a plan holds] in
+   src/plan/plan_bytes.cpp), and a micro-batch whose blocks it keeps needs
+   no pass.
+8. On a stage that holds FSDP2 modules W runs unsharded (the runtime's
+   UNSHARD comes before its compute), so a W that recomputes all-gathers
+   nothing (tests/python/test_fsdp.py).
 """
 
 from __future__ import annotations

@@ -2,95 +2,54 @@
 :mod:`prefire.pipelining`): ``enable(schedule, memory_budget=N)``.
 
 Note [A pipeline rank's memory plan]
-The budget covers what the rank's blocks hold for backward: the saved
-tensors of the blocks that keep their activations, the inputs of the
-checkpointed ones, and what the sessions hold recomputed. The blocks are a
-stage forward's outermost prefire.checkpoint calls, in order, whatever makes
-them (Note [Planned checkpoints] in _checkpoint.py); each runs inside a
-SavedTensorMeter, so ``runtime_stats().peak_held_bytes`` is the census of
-exactly that: what the step held, measured.
-
-The first step of a signature (the shapes, dtypes and devices of a stage's
-first block's inputs) measures: every block is checkpointed (the least a
-plan holds, but for blocks that save less than their inputs), and the
-sessions keep nothing for W (their budget is 0: W recomputes), so the step
-holds every block's inputs and one pass's recomputation. Per block it reads
-what keeping it would hold (``kept_bytes`` of its checkpoint: the storages
-its forward saved), its inputs' storages with what the checkpoint holds
-beyond them (a selective checkpoint's cache, Note [Selective checkpointing
-inside prefire] in _checkpoint.py) and its forward's time, which
-stands for one recomputation (synchronised on CUDA; the measuring step
-only). When the rank's last action of the step has run (or the next step
-begins, for a schedule without an order of actions), the C++ planner
-chooses (``plan_for_budget``, Release::kAtStepEnd, Note [What a plan holds]
-in src/plan/plan_bytes.cpp) for each block and micro-batch apart, where the
-rank's actions say when each micro-batch runs: one item per (stage,
-micro-batch, block), held from that micro-batch's F to its W (or full
-backward), recomputed by its B and W, and past its W holding what the
-block still holds then; the most over the moments after each action,
-each pass counted where it runs. A micro-batch whose lifetime misses the
-rank's peak (the first and last of a stage, often) may keep blocks that
-the others recompute (docs/benchmarks.md, "A plan per micro-batch").
-Without an order of actions the choice is per block, each counted once
-per micro-batch of its stage at every moment. A block's meter says what
-it holds after each W. A schedule may keep the last stage's graphs until the next
-step begins (torch's keeps its outputs and losses: ``enable`` lets go of
-their graphs after W, Note [The last stage lets go of its graph after W]
-in _hook_points.py; another schedule may keep them otherwise); so until a
-last-stage block was seen kept (or checkpointed), it is taken to hold the
-largest share its stage's other blocks were seen to hold (blocks of a
-stage are alike), or all of it when none was; other stages' blocks
-nothing (their W lets go of the graph), and so the last stage's too once
-``enable`` let go of a loss (``last_stage_lets_go``). A step that sees a
-block's bytes after W for the first time plans again at its end; a block
-that holds more than its share
-says so in a warning (the rank may have gone over the budget that step)
-before the plan that counts it; a stage's checkpointed blocks of one
-micro-batch are recomputed together, since its B recomputes them into one
-session (a pass: a stage's most is what the budget expects a session of
-it to hold, ``RankBudget.expect``). What the plan leaves
-of the budget is the rank's byte budget for sessions (Note [A rank's byte
-budget] in _budget.py): it decides which B keeps its recomputation for W
-and how far bubble prefires may go, action by action: the plan counts
-each stage's pass where the rank runs it (its B, W or full backward:
-Note [What a plan holds] in src/plan/plan_bytes.cpp), and leaves the
-sessions what the blocks do not hold at each action (``Plan.room_bytes``,
-from the planner, as is what each pass holds, ``Plan.pass_bytes``).
-So the budget holds at every step, the measuring one included, for any
-budget at or above what checkpointing everything holds; a budget below
-that raises at the end of its measuring step, naming it (a plan that keeps
-some blocks may hold less still, but the measuring step checkpoints them).
-
-With ``selective=`` a block has a third choice, a selective checkpoint
-(torch's SAC by a policy: Note [Selective checkpoints in a plan] in
-src/plan/plan_bytes.cpp): the measuring forward of each block whose call has
-no context_fn of its own runs under a probe that finds what that would
-hold beyond the inputs and what share of the forward's time it would
-recompute (Note [Measuring a selective checkpoint] in _selective.py),
-without holding it, so the measuring step holds what it holds without
-the choice. A block chosen so runs ``prefire.checkpoint`` with the
-policy's context_fn, in its own meter like the others; what it holds
-after W is learnt as for the other two choices.
-
-With ``offload_to=`` (an OffloadTier) a block has a fourth choice per
-micro-batch, offloaded (Note [Offloaded blocks in a plan] in
-src/plan/plan_bytes.cpp): after each measuring forward the tier times one
-copy each way of what an offload of the block moves (what keeping it
-holds: its saved storages, the inputs it saves among them), and the plan counts half of it hidden: the copy into the
-tier runs on the tier's worker during the rank's other work, while the
-fetch runs when the micro-batch's B needs it (a bubble prefire of an
-offloaded block is a prefetch in a wait, so with bubble=True more is hidden
-than the plan counts). An offloaded block holds nothing on the device until
-its fetch, which its pass holds as it would a recomputation. A block chosen
-so runs ``prefire.checkpoint`` with ``offload_to``. With offloading a plan
-may hold less than the measuring step (which checkpoints every block), so
-a budget down to the least any plan holds is taken, with a warning that the
-measuring step held more; without it such a budget raises as above.
-
-A later step whose signature was measured runs that plan; one whose
-signature is new measures again (a shape change re-plans; shapes that
-alternate each keep their plan). A stage forward that makes another number
-of checkpoint calls than its measurement raises: the plan is per call.
+The budget covers what the rank's blocks hold for backward: kept blocks'
+saved tensors, checkpointed blocks' inputs, what the sessions hold
+recomputed (the census, ``runtime_stats().peak_held_bytes``).
+1. The blocks are a stage forward's outermost prefire.checkpoint calls, in
+   order (Note [Planned checkpoints] in _checkpoint.py), each run inside a
+   SavedTensorMeter. A forward that makes another number of calls than its
+   measurement raises: the plan is per call.
+2. The first step of a signature (the shapes, dtypes and devices of a
+   stage's first block's inputs) measures: every block checkpointed, the
+   sessions keeping nothing for W (W recomputes). Per block: what keeping
+   it holds (``kept_bytes``), its inputs' storages, its forward's time (one
+   recomputation; synchronised on CUDA), and, offered, what a selective
+   checkpoint would hold and recompute (Note [Measuring a selective
+   checkpoint] in _selective.py) and what its copies to an offload tier
+   take (the tier's ``measure_copy_seconds``). ``_costs.py`` makes
+   BlockCosts of it.
+3. When the rank's last action has run (or the next step begins, for a
+   schedule without an order of actions) the C++ planner chooses over the
+   rank's items (``rank_items``): one per (stage, micro-batch, block), alive
+   from its micro-batch's F to its W, recomputed by its B and W, each pass
+   counted where it runs (Note [What a plan holds] in
+   src/plan/plan_bytes.cpp); so a micro-batch whose lifetime misses the
+   rank's peak may keep blocks the others recompute. Without an order of
+   actions, one choice per block. ``stage_plans`` says, per stage, each
+   micro-batch's choices and what one pass of the stage holds.
+4. A choice runs as: kept, the block itself; checkpointed,
+   ``prefire.checkpoint``; selective, with the policy's context_fn (Note
+   [Selective checkpoints in a plan]); offloaded, with ``offload_to`` (Note
+   [Offloaded blocks in a plan]; a bubble prefire of it is a prefetch).
+5. The least budget is the least any plan holds (``least_plan_bytes``, as
+   for a plain model); below it ValueError names it. The measuring step
+   holds what checkpointing every block holds; a budget below that is taken
+   with a warning that the measuring step held more.
+6. What the plan leaves is the sessions' byte budget, action by action
+   (``Plan.room_bytes``; Note [A rank's byte budget] in _budget.py); a
+   micro-batch whose blocks the plan keeps recomputes nothing.
+7. A block may hold bytes after its micro-batch's W until the step ends
+   (the last stage's outputs and losses, in a schedule that keeps their
+   graphs: Note [The last stage lets go of its graph after W] in
+   _hook_points.py); its meter says how much. Until seen, a last-stage
+   block is taken to hold the largest share its stage's other blocks were
+   seen to hold (all of it when none was), every other block nothing, and
+   the last stage's nothing once ``enable`` let go of a loss. A step that
+   sees a block's bytes after W for the first time plans again at its end;
+   a kept block that holds more than counted warns.
+8. A later step whose signature was measured runs its plan; a new signature
+   measures again (a shape change re-plans; alternating shapes each keep
+   theirs).
 """
 
 from __future__ import annotations
@@ -174,18 +133,15 @@ class _StageForward:
                                f"{len(self.choices)} its plan was measured with; memory_budget plans each call of a "
                                f"forward in order, and the forwards of one input signature must make the same calls")
         choice = self.choices[index]
-        if choice == SELECTIVE:
-            if selective is None:
-                raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s checkpoint call {index} has a "
-                                   f"context_fn of its own where its plan, measured without one, checkpoints it "
-                                   f"selectively; the forwards of one input signature must make the same calls")
-            return self._metered(choice, lambda: selective(self.planner.selective_context))
-        if choice == OFFLOAD:
-            if offloaded is None:
-                raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s checkpoint call {index} offloads to a "
-                                   f"tier of its own where its plan, measured without one, offloads it; the "
-                                   f"forwards of one input signature must make the same calls")
-            return self._metered(choice, lambda: offloaded(self.planner.offload_to))
+        if choice in (SELECTIVE, OFFLOAD):  # a call that passes its own context_fn or tier cannot take the plan's
+            run, own, planned, argument = ((selective, "has a context_fn", "checkpoints it selectively",
+                                            self.planner.selective_context) if choice == SELECTIVE else
+                                           (offloaded, "offloads to a tier", "offloads it", self.planner.offload_to))
+            if run is None:
+                raise RuntimeError(f"prefire.pipelining: stage {self.stage}'s checkpoint call {index} {own} of its "
+                                   f"own where its plan, measured without one, {planned}; the forwards of one input "
+                                   f"signature must make the same calls")
+            return self._metered(choice, lambda: run(argument))
         return self._metered(choice, checkpointed if choice == CHECKPOINT else plain)
 
     def _measure(self, checkpointed: Callable[[], Any], selectable: bool, inputs: List[Any]) -> Any:
