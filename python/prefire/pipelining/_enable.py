@@ -67,7 +67,7 @@ class Pipelining:
         stages = _stages_of(schedule)
         _check_hook_points(stages, schedule)
         tables = _receive_tables(schedule) if bubble else []  # checks the schedule before anything is wrapped
-        order = rank_actions(schedule)
+        order = rank_actions(schedule) if bubble else None  # the bubble filler's (a placement needs bubble=True)
         if placement is not None:
             placement = check_placement(placement, order)
         self.schedule = schedule
