@@ -9,10 +9,10 @@ import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pipeline_bench.config import SCHEDULES, stage_rank
-from prefire.pipelining.actions import Action
+from prefire.pipelining.actions import KINDS, Action
 from prefire.pipelining.placement import rank_placement
 
-from .replay import Costs, KINDS, REPLAYED, _consumes, _produced, overlaps, rank_orders, replay
+from .replay import Costs, REPLAYED, _consumes, _produced, overlaps, rank_orders, replay
 
 
 def _median(values: Sequence[float]) -> float:

@@ -8,11 +8,11 @@ import statistics
 from typing import Any, Dict, List, Tuple
 
 from pipeline_bench.config import SCHEDULES, stage_rank
-from prefire.pipelining.actions import Action
+from prefire.pipelining.actions import KINDS, Action
 
 from .measured import _step_durations, _steps, measured_costs
 from .place import floor_s
-from .replay import KINDS, REPLAYED, Costs, Pipeline, overlaps, rank_orders, replay
+from .replay import REPLAYED, Costs, Pipeline, overlaps, rank_orders, replay
 
 
 def _positions(costs: Costs, n_stages: int) -> Dict[str, Dict[str, float]]:

@@ -92,7 +92,6 @@ from prefire.pipelining.placement import Placement
 
 
 StageMicroBatch = Tuple[int, int]  # (stage, micro-batch)
-KINDS = ("F", "B", "W", "BW")
 REPLAYED = ("none", "torch", "session", "prefire")
 
 

@@ -13,6 +13,7 @@ What keeping it would hold is the census of its checkpoint
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -64,6 +65,17 @@ def measure(checkpointed: Callable[[], Any], inputs: List[torch.Tensor], policy:
     input_bytes = checkpoint_bytes(inputs)
     selective, selective_seconds, seconds = selective_cost(probe, costs, input_bytes, seconds)
     return out, Measured(input_bytes, seconds, selective, selective_seconds)
+
+
+def warn_measuring_step(who: str, measuring_bytes: int, memory_budget: int, planned_bytes: int) -> None:
+    """Warns where the measuring step, which checkpoints every block, held
+    ``measuring_bytes``, more than ``memory_budget`` (which the plan, from
+    the next step on, holds within: ``planned_bytes``). Both planners take
+    any budget down to the least any plan holds."""
+    if measuring_bytes > memory_budget:
+        warnings.warn(f"{who}: the measuring step checkpointed every block and held up to {measuring_bytes} bytes, "
+                      f"above memory_budget={memory_budget}; later steps hold at most {planned_bytes}", UserWarning,
+                      stacklevel=4)
 
 
 def check_memory_budget(who: str, memory_budget: Any) -> None:

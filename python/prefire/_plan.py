@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -66,7 +65,7 @@ from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch
 
 from . import _C, _schedule
 from ._checkpoint import CheckpointWrapper, checkpoint
-from ._measuring import check_memory_budget, measure, signature, tensors
+from ._measuring import check_memory_budget, measure, signature, tensors, warn_measuring_step
 from ._selective import Policy, context_fn, mode_costs, policy
 
 BlockCost = _C.BlockCost
@@ -266,11 +265,8 @@ class MemoryPlanner:
             raise ValueError(f"prefire.plan_checkpoints: memory_budget={self.memory_budget} bytes is below the "
                              f"least any plan of these blocks holds, {least_plan_bytes(costs, _ONE_PASS)} bytes, for inputs "
                              f"{self._signature} ({error})") from None
-        measured = plan_bytes(costs, [True] * len(costs), 0, _ONE_PASS)
-        if measured > self.memory_budget:
-            warnings.warn(f"prefire.plan_checkpoints: the measuring step checkpointed every block and held up to "
-                          f"{measured} bytes, above memory_budget={self.memory_budget}; later steps hold at most "
-                          f"{plan.peak_bytes}", stacklevel=3)
+        warn_measuring_step("prefire.plan_checkpoints", plan_bytes(costs, [True] * len(costs), 0, _ONE_PASS),
+                            self.memory_budget, plan.peak_bytes)
         self._plans[self._signature] = plan
         self._costs[self._signature] = costs
         self._step = plan

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace py = pybind11;
@@ -178,7 +177,6 @@ void bind_costs_and_plans(py::module_& m) {
         py::arg("prefire_ahead"), py::arg("release"));
   m.def("choice_seconds", &prefire::choice_seconds, py::arg("block"), py::arg("choice"));
   m.def("offered_choices", &prefire::offered_choices, py::arg("block"));
-  m.attr("OFFLOAD_HIDDEN") = kOffloadHidden;
   m.def("with_offload", &prefire::with_offload, py::arg("block"), py::kw_only(), py::arg("moved_bytes"),
         py::arg("copy_seconds"));
   m.def("copy_seconds", &prefire::copy_seconds, py::arg("moved_bytes"), py::arg("to_tier"), py::arg("back"));

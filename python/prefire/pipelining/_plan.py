@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import _C
-from .._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors
+from .._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors, warn_measuring_step
 from .._meter import SavedTensorMeter
 from .._selective import context_fn, mode_costs
 from ._budget import RankBudget
@@ -321,11 +321,9 @@ class RankPlanner:
                              f"blocks, as the measuring step found them)")
         plan = _C.plan_for_budget(items, self.memory_budget, _C.Release.AT_STEP_END)
         measuring = _C.plan_bytes(items, [True] * len(items), 0, _C.Release.AT_STEP_END)
-        if self.memory_budget < measuring and (key, self.memory_budget) not in self._warned:  # once, not per re-plan
+        if (key, self.memory_budget) not in self._warned:  # once, not per re-plan
             self._warned.add((key, self.memory_budget))
-            warnings.warn(f"prefire.pipelining: the measuring step checkpointed every block and held up to "
-                          f"{measuring} bytes, above memory_budget={self.memory_budget}; later steps hold at most "
-                          f"{plan.peak_bytes}", UserWarning, stacklevel=3)
+            warn_measuring_step("prefire.pipelining", measuring, self.memory_budget, plan.peak_bytes)
         stages = {p.stage: p for p in _C.stage_plans(plan, costs, self.micro_batches)}
         chosen = RankPlan(key, costs, plan, stages)
         self._plans[key] = chosen
