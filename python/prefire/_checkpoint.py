@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._device import DeviceContext
 
 from . import _C, _fsdp
+from ._options import check_options, check_values
 
 #: Raised for checkpoint misuse; a torch.utils.checkpoint.CheckpointError.
 CheckpointError = _C.CheckpointError
@@ -332,6 +333,8 @@ def checkpoint(
                              "...))")
         return _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determinism_check, debug,
                                               early_stop, preserve_rng_state)
+    check_values("prefire.checkpoint", offload_to=offload_to, offload_inputs_only=offload_inputs_only,
+                 early_stop=early_stop, preserve_rng_state=preserve_rng_state, debug=debug)
     if use_reentrant:
         _warn_once(
             "reentrant",
@@ -439,6 +442,7 @@ def checkpoint_sequential(functions, segments: int, input: torch.Tensor, use_ree
     needs at once). ``kwargs`` go to every :func:`checkpoint` call."""
     if isinstance(functions, torch.nn.Sequential):
         functions = list(functions.children())
+    check_options("prefire.checkpoint_sequential", dict(kwargs, use_reentrant=use_reentrant))
     if segments < 1:
         raise ValueError(f"prefire.checkpoint_sequential: segments must be >= 1, got {segments}")
 
@@ -470,6 +474,7 @@ class CheckpointWrapper(torch_wrapper.CheckpointWrapper):
     and back."""
 
     def __init__(self, module: torch.nn.Module, **checkpoint_kwargs: Any) -> None:
+        check_options("prefire.checkpoint_wrapper", checkpoint_kwargs)  # Note [Options that cannot be ignored]
         self._wrap(module, checkpoint, checkpoint_kwargs)
 
     def _wrap(self, module: torch.nn.Module, checkpoint_fn: Callable[..., Any], kwargs: Dict[str, Any]) -> None:

@@ -66,6 +66,7 @@ from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch
 from . import _C, _schedule
 from ._checkpoint import CheckpointWrapper, checkpoint
 from ._measuring import check_memory_budget, measure, signature, tensors, warn_measuring_step
+from ._options import check_options, check_values
 from ._selective import Policy, context_fn, mode_costs, policy
 
 BlockCost = _C.BlockCost
@@ -161,6 +162,8 @@ class MemoryPlanner:
         if "offload_to" in checkpoint_kwargs or "offload_inputs_only" in checkpoint_kwargs:
             raise ValueError("prefire.plan_checkpoints: offloading is a choice of the plan; pass offload_to= to "
                              "plan_checkpoints itself")
+        check_options("prefire.plan_checkpoints", checkpoint_kwargs)  # Note [Options that cannot be ignored]
+        check_values("prefire.plan_checkpoints", offload_to=offload_to)
         self._offload_to = offload_to  # a fourth choice per block (Note [Offloaded blocks in a plan])
         self._offload_kwargs = dict(checkpoint_kwargs, offload_to=offload_to)
         self._plans: Dict[Tuple[Any, ...], Plan] = {}

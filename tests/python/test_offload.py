@@ -351,7 +351,7 @@ def test_pipelining_offload_to_needs_a_memory_budget_and_a_tier(one_rank, tier):
     run = Run(*planned_gpt(None)[:3])
     with pytest.raises(ValueError, match="offload_to= is a choice of memory_budget's plan"):
         pipelining.enable(run.schedule, offload_to=tier)
-    with pytest.raises(ValueError, match="offload_to must be a prefire.OffloadTier"):
+    with pytest.raises(TypeError, match="offload_to must be None or a prefire.OffloadTier"):
         pipelining.enable(run.schedule, memory_budget=1 << 30, offload_to="/tmp")
 
 

@@ -30,6 +30,7 @@ import types
 from typing import Any
 
 from .. import _checkpoint
+from .._options import check_options
 
 _ATTRIBUTE = "_gradient_checkpointing_func"
 _MARK = "_prefire_checkpoint"
@@ -62,7 +63,11 @@ def enable(model, every_n_layers: int = 1, **checkpoint_kwargs: Any):
             argument; 5.0 and later).
         checkpoint_kwargs: passed to every :func:`prefire.checkpoint` call
             (``early_stop``, ``determinism_check``, ``preserve_rng_state``,
-            ``context_fn``).
+            ``context_fn``, ``offload_to``, ``offload_inputs_only``); a name
+            that is not one of its options raises TypeError. Enabling again
+            with transformers' own options (the Trainer's
+            ``gradient_checkpointing_kwargs``) adds them to these;
+            transformers' ``offload=True`` raises, naming ``offload_to``.
 
     Returns:
         ``model``.
@@ -71,6 +76,8 @@ def enable(model, every_n_layers: int = 1, **checkpoint_kwargs: Any):
         ValueError: the model does not support gradient checkpointing,
             ``every_n_layers`` is not an int >= 1, or is not 1 on a
             transformers without it.
+        TypeError: a checkpoint option prefire.checkpoint does not have, or
+            of the wrong kind.
         RuntimeError: transformers did not set up checkpointing the way
             prefire hooks into (see Note [Where prefire hooks into
             transformers]).
@@ -81,6 +88,7 @@ def enable(model, every_n_layers: int = 1, **checkpoint_kwargs: Any):
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"prefire.integrations.transformers.enable: {type(model).__name__} does not support "
                          "gradient checkpointing")
+    check_options("prefire.integrations.transformers.enable", checkpoint_kwargs)
     function = functools.partial(_checkpoint.checkpoint, **checkpoint_kwargs)
     cls = type(model)
     if hasattr(cls, "activation_checkpointing_enable"):
@@ -105,6 +113,22 @@ def enable(model, every_n_layers: int = 1, **checkpoint_kwargs: Any):
 
 
 def _enable_again(model, *args, original, function, **kwargs):
+    # What transformers would do with its own options is replaced by prefire's
+    # checkpoint: each of them is consumed or refused (Note [Options that
+    # cannot be ignored]), never dropped.
+    if kwargs.get("offload"):
+        raise ValueError(
+            f"prefire.integrations.transformers: {original.__name__}(offload=True) would offload with torch's "
+            "save_on_cpu, which prefire's checkpoint replaces on this model; pass offload_to=prefire.OffloadTier"
+            "(...) (with offload_inputs_only=True for what offload=True does) to "
+            "prefire.integrations.transformers.enable instead")
+    given = kwargs.get("activation_checkpointing_kwargs", kwargs.get("gradient_checkpointing_kwargs"))
+    if given is None and args and isinstance(args[0], dict):
+        given = args[0]
+    if given:
+        options = {name: value for name, value in given.items() if name != "use_reentrant"}
+        check_options(f"prefire.integrations.transformers: {original.__name__}", options)
+        function = functools.partial(function.func, **dict(function.keywords, **options))
     result = original(model, *args, **kwargs)
     _install(model, function)
     return result

@@ -10,6 +10,7 @@ import torch
 
 from .. import _C
 from .._measuring import check_memory_budget
+from .._options import check_values
 from .._selective import policy
 from ._bubbles import BubbleFiller
 from ._budget import RankBudget
@@ -40,9 +41,7 @@ def _check_options(bubble: bool, budget_bytes: Optional[int], bubble_warmup_step
         raise ValueError("prefire.pipelining: offload_to= is a choice of memory_budget's plan; pass "
                          "memory_budget=N with it (or offload blocks by hand: prefire.checkpoint(..., "
                          "offload_to=tier) in the stages)")
-    if offload_to is not None and not isinstance(offload_to, _C.OffloadTier):
-        raise ValueError(f"prefire.pipelining: offload_to must be a prefire.OffloadTier, got "
-                         f"{type(offload_to).__name__}")
+    check_values("prefire.pipelining", offload_to=offload_to)
     if memory_budget is not None:
         check_memory_budget("prefire.pipelining", memory_budget)
         if budget_bytes is not None:
