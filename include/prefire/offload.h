@@ -30,10 +30,16 @@ class OffloadTier {
   /// memory for the kernel's page cache and the disk. Copies into the file
   /// run on a worker thread of the tier (forward does not wait for them);
   /// the saved tensor's storage is released by the copy once it is written.
-  /// Raises std::invalid_argument for capacity_bytes under one page (4096) and CheckpointError
-  /// naming the directory and the reason when the file cannot be created or
-  /// reserved (no such directory, no permission, no space).
-  static std::shared_ptr<OffloadTier> host_file(const std::string& directory, int64_t capacity_bytes);
+  /// `bytes_per_second` > 0 paces the tier: each copy (either way) takes at
+  /// least nbytes / bytes_per_second seconds, so that a planner's choice
+  /// between offloading and recomputing can be tried on any machine at
+  /// another link's ratios (0: as fast as the file goes).
+  /// Raises std::invalid_argument for capacity_bytes under one page (4096) or
+  /// a negative or infinite bytes_per_second, and CheckpointError naming the
+  /// directory and the reason when the file cannot be created or reserved (no
+  /// such directory, no permission, no space).
+  static std::shared_ptr<OffloadTier> host_file(const std::string& directory, int64_t capacity_bytes,
+                                                double bytes_per_second = 0);
   /// A host tier for CUDA tensors: `capacity_bytes` of page-locked host
   /// memory, pinned at once. Copies to it run on a copy stream per device
   /// (forward does not wait; the saved tensor's device memory is reused once
@@ -64,6 +70,17 @@ class OffloadTier {
   /// reuses it at its next allocation). Copy errors are not raised here but
   /// by the fetch that needs the copy.
   void synchronize();
+
+  /// Bytes of storages queued into the tier and not yet written: held where
+  /// they were (and counted as held by RuntimeStats::held_bytes) until then.
+  int64_t pending_bytes() const;
+  /// Backpressure: a forward that queues a copy while pending_bytes() would
+  /// be over this waits for the oldest copies first (0: every copy is written
+  /// before forward goes on). No limit by default; prefire's memory planners
+  /// set it to their plan's headroom. See Note [Backpressure on copies into a
+  /// tier] in src/offload/tier_store.cpp. std::invalid_argument when negative.
+  void set_max_pending_bytes(int64_t bytes);
+  int64_t max_pending_bytes() const;
 
   /// Seconds one copy of `nbytes` into the tier and one back take, measured
   /// now on a scratch region (the pinned host tier: from and to the current

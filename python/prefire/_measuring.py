@@ -82,3 +82,17 @@ def check_memory_budget(who: str, memory_budget: Any) -> None:
     """Raises ValueError unless ``memory_budget`` is a number of bytes (an int >= 0)."""
     if type(memory_budget) is not int or memory_budget < 0:
         raise ValueError(f"{who}: memory_budget must be a number of bytes (an int >= 0), got {memory_budget!r}")
+
+
+def hold_budget_with(tier: Any, who: str, memory_budget: int, peak_bytes: int, offloaded_bytes: List[int]) -> None:
+    """A plan with offloaded blocks on ``tier``: what the copies still
+    queued may hold is the budget's headroom over the plan's peak (Note
+    [Backpressure on copies into a tier] in src/offload/tier_store.cpp),
+    and ValueError when the blocks it offloads at once (``offloaded_bytes``,
+    each rounded up to the tier's pages) do not fit the tier."""
+    page = 4096
+    needed = sum(-(-n // page) * page for n in offloaded_bytes)
+    if needed > tier.capacity_bytes:
+        raise ValueError(f"{who}: the plan offloads {needed} bytes at once and the offload tier holds "
+                         f"{tier.capacity_bytes}; make the tier larger or the memory budget larger")
+    tier.max_pending_bytes = max(0, memory_budget - peak_bytes)

@@ -65,7 +65,7 @@ from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch
 
 from . import _C, _schedule
 from ._checkpoint import CheckpointWrapper, checkpoint
-from ._measuring import check_memory_budget, measure, signature, tensors, warn_measuring_step
+from ._measuring import check_memory_budget, hold_budget_with, measure, signature, tensors, warn_measuring_step
 from ._options import check_options, check_values
 from ._selective import Policy, context_fn, mode_costs, policy
 
@@ -225,6 +225,8 @@ class MemoryPlanner:
         self._signature = signature(inputs)
         self._step = self._plans.get(self._signature)
         self._measuring = None
+        if self._step is not None:
+            self._hold_budget(self._step)
         if self._step is None:
             self._measuring = _Measuring(self.blocks)
             self._measuring.synchronize = any(t.is_cuda for t in inputs)
@@ -273,7 +275,16 @@ class MemoryPlanner:
         self._plans[self._signature] = plan
         self._costs[self._signature] = costs
         self._step = plan
+        self._hold_budget(plan)
         _log.info("%s", self.describe())
+
+
+    def _hold_budget(self, plan: Plan) -> None:
+        """The tier's backpressure for this plan: every offloaded block is held at the end of forward."""
+        if self._offload_to is not None and any(plan.offloaded):
+            costs = self._costs[self._signature]
+            hold_budget_with(self._offload_to, "prefire.plan_checkpoints", self.memory_budget, plan.peak_bytes,
+                             [c.offload_moved_bytes for c, o in zip(costs, plan.offloaded) if o])
 
 
 def _under_compile() -> bool:

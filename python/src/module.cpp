@@ -294,14 +294,15 @@ void bind_checkpoint_and_tiers(py::module_& m) {
       m, "OffloadTier", "Where offloaded checkpoints keep their saved tensors (prefire/offload.h).")
       .def_static(
           "host_file",
-          [](const py::object& directory, int64_t capacity_bytes) {  // a str or any os.PathLike
+          [](const py::object& directory, int64_t capacity_bytes, double bytes_per_second) {  // str or PathLike
             const std::string path = py::str(py::module_::import("os").attr("fspath")(directory));
             py::gil_scoped_release released;  // reserving the file may take a while
-            return OffloadTier::host_file(path, capacity_bytes);
+            return OffloadTier::host_file(path, capacity_bytes, bytes_per_second);
           },
-          py::arg("directory"), py::arg("capacity_bytes"),
+          py::arg("directory"), py::arg("capacity_bytes"), py::kw_only(), py::arg("bytes_per_second") = 0.0,
           "A host tier for CPU tensors: a file of capacity_bytes in directory, reserved and unlinked at once; "
-          "copies run on a worker thread of the tier")
+          "copies run on a worker thread of the tier. bytes_per_second > 0 paces it: each copy takes at least "
+          "nbytes / bytes_per_second seconds")
       .def_static("pinned_host", &OffloadTier::pinned_host, py::arg("capacity_bytes"),
                   py::call_guard<py::gil_scoped_release>(),  // pinning may take a while
                   "A host tier for CUDA tensors: capacity_bytes of page-locked host memory, pinned at once; copies "
@@ -314,6 +315,11 @@ void bind_checkpoint_and_tiers(py::module_& m) {
       .def_property_readonly("bytes_read", &OffloadTier::bytes_read, "bytes copied out of the tier so far")
       .def("synchronize", &OffloadTier::synchronize, py::call_guard<py::gil_scoped_release>(),
            "Blocks until every copy queued so far is done")
+      .def_property_readonly("pending_bytes", &OffloadTier::pending_bytes,
+                             "bytes queued into the tier and not yet written (held where they were until then)")
+      .def_property("max_pending_bytes", &OffloadTier::max_pending_bytes, &OffloadTier::set_max_pending_bytes,
+                    "backpressure: a forward waits for the oldest copies while more than this is pending (0: "
+                    "every copy written before forward goes on); the memory planners set it to their headroom")
       .def("measure_copy_seconds", &OffloadTier::measure_copy_seconds, py::arg("nbytes"),
            py::call_guard<py::gil_scoped_release>(),
            "Seconds one copy of nbytes into the tier and one back take, measured now after an untimed pair");

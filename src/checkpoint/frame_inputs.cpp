@@ -83,7 +83,7 @@ class InputOffload final : public HookContext {
                                      "to its tier: ", why, ". Recompute this block without offloading"));
     }
     return std::make_unique<OffloadedInput>(
-        tier_, TierAccess::store(*tier_).copy_in(tensor.storage(), c10::str("input ", index, " of a checkpoint")),
+        tier_, TierAccess::store(*tier_).copy_in(tensor, c10::str("input ", index, " of a checkpoint")),
         ViewGeometry::of(tensor));
   }
 

@@ -82,7 +82,7 @@ void OffloadedSlots::add(size_t slot, const at::Tensor& tensor) {
   auto found = by_storage_.find(storage.unsafeGetStorageImpl());
   if (found == by_storage_.end()) {
     // On this thread: a full tier fails the forward (Note [Offloading a checkpoint]).
-    Stored stored{TierAccess::store(*tier_).copy_in(storage, c10::str("saved tensor ", slot, " of a checkpoint"))};
+    Stored stored{TierAccess::store(*tier_).copy_in(tensor, c10::str("saved tensor ", slot, " of a checkpoint"))};
     std::lock_guard<std::mutex> lock(mu_);
     found = by_storage_.emplace(storage.unsafeGetStorageImpl(), static_cast<int>(stored_.size())).first;
     stored_.push_back(std::move(stored));

@@ -10,6 +10,11 @@ void WorkerCopy::wait() const {
   if (error_) std::rethrow_exception(error_);
 }
 
+bool WorkerCopy::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
 void WorkerCopy::finish(std::exception_ptr error) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -19,7 +24,8 @@ void WorkerCopy::finish(std::exception_ptr error) noexcept {
   finished_.notify_all();
 }
 
-CopyWorker::CopyWorker() : thread_([this] { run(); }) {}
+CopyWorker::CopyWorker(std::function<void()> after_each)
+    : after_each_(std::move(after_each)), thread_([this] { run(); }) {}
 
 CopyWorker::~CopyWorker() {
   {
@@ -70,6 +76,7 @@ void CopyWorker::run() {
     }
     next.first = nullptr;  // what the copy held goes before anyone is told it is done
     next.second->finish(std::move(error));
+    if (after_each_) after_each_();
   }
 }
 

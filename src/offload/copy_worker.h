@@ -21,12 +21,15 @@ class Copy {
   virtual ~Copy() = default;
   /// Blocks until the copy ran; rethrows what it raised.
   virtual void wait() const = 0;
+  /// Whether it ran (and let go of what it held), without waiting.
+  virtual bool done() const = 0;
 };
 
 /// A copy on a CopyWorker.
 class WorkerCopy final : public Copy {
  public:
   void wait() const override;
+  bool done() const override;
 
  private:
   friend class CopyWorker;
@@ -40,7 +43,9 @@ class WorkerCopy final : public Copy {
 
 class CopyWorker {
  public:
-  CopyWorker();
+  /// `after_each` (optional, noexcept) runs on the worker thread after each
+  /// copy is done and has let go of what it held.
+  explicit CopyWorker(std::function<void()> after_each = {});
   /// Runs every copy still queued, then ends the thread.
   ~CopyWorker();
   CopyWorker(const CopyWorker&) = delete;
@@ -61,6 +66,7 @@ class CopyWorker {
   std::condition_variable queued_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<WorkerCopy>>> queue_;
   bool stopping_ = false;
+  const std::function<void()> after_each_;
   std::thread thread_;  // last: started once the fields above exist
 };
 

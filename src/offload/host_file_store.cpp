@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
+#include <thread>
 #include <unistd.h>
 #include <utility>
 #include <vector>
@@ -48,8 +49,9 @@ class WorkerReady final : public ReadyEvent {
 
 }  // namespace
 
-HostFileStore::HostFileStore(const std::string& directory, int64_t capacity)
-    : TierStore(capacity, c10::str("in \"", directory, '"')), directory_(directory) {
+HostFileStore::HostFileStore(const std::string& directory, int64_t capacity, double bytes_per_second)
+    : TierStore(capacity, c10::str("in \"", directory, '"')), directory_(directory),
+      bytes_per_second_(bytes_per_second) {
   std::string path = directory + "/prefire-offload-XXXXXX";
   std::vector<char> name(path.begin(), path.end());
   name.push_back('\0');
@@ -87,16 +89,26 @@ c10::Storage HostFileStore::scratch_storage(int64_t nbytes) {
   return storage;
 }
 
+void HostFileStore::pace(std::chrono::steady_clock::time_point begin, int64_t nbytes) const {
+  if (bytes_per_second_ <= 0) return;
+  std::this_thread::sleep_until(begin + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                            std::chrono::duration<double>(nbytes / bytes_per_second_)));
+}
+
 void HostFileStore::write_now(const c10::Storage& storage, const Region& region) {
+  const auto begin = std::chrono::steady_clock::now();
   transfer(pwrite, fd_, static_cast<const char*>(storage.data()), region.nbytes, region.offset,
            [&] { return c10::str("writing ", region.nbytes, " bytes into the offload tier in \"", directory_, '"'); });
+  pace(begin, region.nbytes);
   count_written(region.nbytes);
 }
 
 void HostFileStore::read_region(const Region& region, c10::Storage& storage) {
+  const auto begin = std::chrono::steady_clock::now();
   transfer(pread, fd_, static_cast<char*>(storage.mutable_data()), region.nbytes, region.offset, [&] {
     return c10::str("reading ", region.nbytes, " bytes back from the offload tier in \"", directory_, '"');
   });
+  pace(begin, region.nbytes);
   count_read(region.nbytes);
 }
 

@@ -7,6 +7,7 @@
 #include "offload/copy_worker.h"
 #include "offload/tier_store.h"
 
+#include <chrono>
 #include <string>
 
 namespace prefire::detail {
@@ -15,7 +16,8 @@ class HostFileStore final : public TierStore {
  public:
   /// Creates the file in `directory`, reserves `capacity` bytes and unlinks
   /// it; raises CheckpointError naming the directory and the reason.
-  HostFileStore(const std::string& directory, int64_t capacity);
+  /// `bytes_per_second` > 0: each copy takes at least nbytes / bytes_per_second.
+  HostFileStore(const std::string& directory, int64_t capacity, double bytes_per_second = 0);
   /// Runs the queued copies, then closes the file.
   ~HostFileStore() override;
 
@@ -32,10 +34,13 @@ class HostFileStore final : public TierStore {
  private:
   void write_now(const c10::Storage& storage, const Region& region);
   void read_region(const Region& region, c10::Storage& storage);
+  /// Sleeps what is left of `nbytes`' time at bytes_per_second_ since `begin`.
+  void pace(std::chrono::steady_clock::time_point begin, int64_t nbytes) const;
 
   const std::string directory_;
+  const double bytes_per_second_;
   int fd_ = -1;
-  CopyWorker worker_;  // last: joined before the file closes
+  CopyWorker worker_{[this] { settle(); }};  // last: joined before the file closes
 };
 
 }  // namespace prefire::detail

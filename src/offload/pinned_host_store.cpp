@@ -52,7 +52,7 @@ class StreamCopy final : public Copy {
  public:
   explicit StreamCopy(const c10::cuda::CUDAStream& stream) { event_.record(stream.unwrap()); }
   void wait() const override { event_.synchronize(); }
-  bool done() const { return event_.query(); }
+  bool done() const override { return event_.query(); }
   /// Makes `stream` wait for the copy.
   void order_before(const c10::cuda::CUDAStream& stream) const { event_.block(stream.unwrap()); }
 

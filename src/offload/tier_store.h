@@ -17,10 +17,17 @@
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
 
+#include <c10/core/TensorImpl.h>
+#include <c10/util/flat_hash_map.h>
+
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace prefire::detail {
@@ -35,16 +42,22 @@ struct StorageCopy {
 
 class TierStore {
  public:
-  virtual ~TierStore() = default;
+  /// Stops counting what is still pending (the store's destructor ran it).
+  virtual ~TierStore();
   TierStore(const TierStore&) = delete;
   TierStore& operator=(const TierStore&) = delete;
 
   /// Why this tier cannot take `t`, or nullptr when it can.
   const char* refuses(const at::Tensor& t) const;
-  /// Takes a region for `storage` (CheckpointError, saying how full the tier
-  /// is and what asked (`what`), when no free run is long enough) and queues
-  /// the copy into it. The copy holds the storage until it is written.
-  StorageCopy copy_in(const c10::Storage& storage, const std::string& what);
+  /// Takes a region for `tensor`'s storage (CheckpointError, saying how full
+  /// the tier is and what asked (`what`), when no free run is long enough)
+  /// and queues the copy into it; the copy holds the storage until it is
+  /// written. Then holds back while the bytes queued and not yet written are
+  /// over max_pending_bytes() (Note [Backpressure on copies into a tier]). A
+  /// storage whose copy is still in the tier and unchanged since (the same
+  /// version of the same version counter) shares that copy instead (Note
+  /// [One copy per storage]).
+  StorageCopy copy_in(const at::Tensor& tensor, const std::string& what);
   /// What read() gives back.
   struct ReadBack {
     std::vector<c10::Storage> storages;  // one per copy, in order
@@ -63,6 +76,14 @@ class TierStore {
   /// Seconds one copy of `nbytes` into the tier and one back take, measured
   /// now on a scratch region and storage.
   double measure_copy_seconds(int64_t nbytes);
+
+  /// Bytes queued into the tier and not yet written; copies seen done are forgotten first.
+  int64_t pending_bytes();
+  /// Forgets the queued copies that are done (their storages are let go):
+  /// what a store calls when it learns that one finished, and synchronize's caller.
+  void settle() noexcept;
+  void set_max_pending_bytes(int64_t bytes) { max_pending_.store(bytes, std::memory_order_relaxed); }
+  int64_t max_pending_bytes() const { return max_pending_.load(std::memory_order_relaxed); }
 
   Space& space() { return space_; }
   const Space& space() const { return space_; }
@@ -90,9 +111,30 @@ class TierStore {
 
  private:
   std::shared_ptr<Region> allocate(int64_t nbytes, const std::string& what);
+  /// Counts a queued copy of `nbytes` as pending, then waits while over the limit.
+  void hold_back(const std::shared_ptr<Copy>& written, int64_t nbytes);
+  /// The copy of the same bytes that `tensor`'s storage already has in the tier, if any.
+  bool find_written(const at::Tensor& tensor, StorageCopy& copy);
+  void remember_written(const at::Tensor& tensor, const StorageCopy& copy);
 
   const std::string where_;
   Space space_;
+
+  std::mutex pending_mu_;  // guards pending_ and pending_bytes_
+  std::deque<std::pair<std::shared_ptr<Copy>, int64_t>> pending_;  // queued copies not seen done, and their bytes
+  int64_t pending_bytes_ = 0;
+  std::atomic<int64_t> max_pending_{std::numeric_limits<int64_t>::max()};
+
+  struct Written {  // a storage's copy in the tier, for later saves of the same bytes (Note [One copy per storage])
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // pins the address while the entry lives
+    c10::VariableVersion counter;
+    uint32_t version = 0;
+    std::weak_ptr<Region> region;
+    std::shared_ptr<Copy> written;
+  };
+  std::mutex written_mu_;  // guards written_ and sweep_at_
+  ska::flat_hash_map<const c10::StorageImpl*, Written> written_;
+  size_t sweep_at_ = 64;
   std::atomic<int64_t> bytes_written_{0};
   std::atomic<int64_t> bytes_read_{0};
 };

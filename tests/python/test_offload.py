@@ -11,6 +11,8 @@ CPU, one intra-op thread (conftest.py)."""
 import copy
 import json
 
+import warnings
+
 import pytest
 import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
@@ -414,3 +416,131 @@ def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradi
     path = tmp_path_factory.mktemp("predict") / "sweep.json"
     path.write_text(json.dumps(summary))
     assert simulate(["predict-plans", str(path), "--ranks", "4", "--fractions", "0.5"]) == 0
+
+
+def test_a_paced_tier_takes_its_bandwidths_time_per_copy(tmp_path):
+    nbytes = 1 << 20
+    paced = prefire.OffloadTier.host_file(tmp_path, TIER_BYTES, bytes_per_second=20e6)
+    assert paced.measure_copy_seconds(nbytes) >= 2 * nbytes / 20e6, "one copy each way, each at least 52 ms"
+    with pytest.raises(ValueError, match="bytes_per_second must be a finite number >= 0"):
+        prefire.OffloadTier.host_file(tmp_path, TIER_BYTES, bytes_per_second=-1.0)
+
+
+def test_queued_copies_count_as_held_until_written_and_backpressure_bounds_them(tmp_path):
+    """A storage waiting for the tier is held: the census counts it until it
+    is written; with max_pending_bytes a forward waits for the oldest copies
+    (0: every copy written before forward goes on)."""
+    tier = prefire.OffloadTier.host_file(tmp_path, TIER_BYTES, bytes_per_second=2e6)  # ~16 ms per block's 32 KiB
+    model = blocks(4, seed=21)
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    assert tier.max_pending_bytes >= 1 << 62, "no limit by default"
+    held = prefire.runtime_stats().held_bytes
+    y = x
+    for b in model:
+        y = prefire.checkpoint(b, y, offload_to=tier)
+    pending = tier.pending_bytes
+    assert pending > 0, "the copies lag behind forward"
+    assert prefire.runtime_stats().held_bytes - held >= pending
+    tier.synchronize()
+    assert tier.pending_bytes == 0 and prefire.runtime_stats().held_bytes == held
+    y.sum().backward()
+
+    tier.max_pending_bytes = 0
+    y = x
+    for b in model:
+        y = prefire.checkpoint(b, y, offload_to=tier)
+        assert tier.pending_bytes == 0, "every copy written before forward goes on"
+    y.sum().backward()
+    with pytest.raises(ValueError, match="max_pending_bytes must be >= 0"):
+        tier.max_pending_bytes = -1
+
+
+def test_a_plan_with_offload_holds_its_budget_on_its_first_step_on_a_slow_tier(tmp_path):
+    """The first planned step, not only later ones: by the allocator right
+    after forward (no synchronize), what the blocks hold and what their copies
+    still queued hold is within the budget (a tier at 4 MB/s lags a forward
+    by every block; without backpressure this step held several blocks'
+    saved tensors beyond the budget)."""
+    prefire.count_cpu_allocations()
+    tier = prefire.OffloadTier.host_file(tmp_path, TIER_BYTES, bytes_per_second=4e6)
+    model = blocks(5, seed=12)
+    torch.manual_seed(23)
+    x = torch.randn(8, 16, 32, requires_grad=True)
+    expected = planned_step(copy.deepcopy(model), x)
+    probe = copy.deepcopy(model)
+    planner = prefire.plan_checkpoints(probe, memory_budget=10 ** 12)
+    planned_step(probe, x)
+    budget = sum(c.saved_bytes for c in planner.costs) // 4
+    planned = copy.deepcopy(model)
+    planned.planner = prefire.plan_checkpoints(planned, memory_budget=budget, offload_to=tier)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the measuring step may hold more than the budget
+        planned_step(planned, x)
+    plan = planned.planner.plan
+    assert any(plan.offloaded) and tier.max_pending_bytes == budget - plan.peak_bytes
+    torch.manual_seed(11)
+    before = prefire.allocator_bytes("cpu").current
+    y = x
+    for b in planned:
+        y = b(y)
+    held = prefire.allocator_bytes("cpu").current - before - y.nbytes
+    assert held <= budget, (held, budget, tier.pending_bytes)
+    y.square().sum().backward()
+    got = [x.grad.clone()] + [p.grad.clone() for p in planned.parameters()]
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+
+
+def test_a_plan_refuses_an_offload_the_tier_cannot_hold(tmp_path):
+    tier = prefire.OffloadTier.host_file(tmp_path, 49 * 4096)  # one block's saved tensors, not two
+    model = blocks(5, seed=24)
+    x = torch.randn(8, 16, 32, requires_grad=True)
+    probe = copy.deepcopy(model)
+    planner = prefire.plan_checkpoints(probe, memory_budget=10 ** 12)
+    planned_step(probe, x)
+    budget = sum(c.saved_bytes for c in planner.costs) // 4  # only offloading fits
+    planned = copy.deepcopy(model)
+    prefire.plan_checkpoints(planned, memory_budget=budget, offload_to=tier)
+    with pytest.raises(ValueError, match=r"the plan offloads \d+ bytes at once and the offload tier holds 200704"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            planned_step(planned, x)
+
+
+class Masked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(32, 32)
+
+    def forward(self, x, mask):
+        return self.linear(x) * mask  # saves mask
+
+
+@pytest.mark.parametrize("own_counters", [False, True])
+def test_a_storage_several_offloaded_checkpoints_save_is_written_once(tier, own_counters):
+    """Once per storage and version counter (Note [One copy per storage]):
+    through ``.data`` each save has a counter of its own, whose writes the
+    others could not see, so each is written."""
+    torch.manual_seed(25)
+    model = torch.nn.ModuleList(Masked() for _ in range(4))
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    mask = (torch.rand(8, 32) > 0.5).float()
+
+    def step(wrap):
+        m = mask.clone()
+        y = x
+        for b in model:
+            y = wrap(b, y, m.data if own_counters else m)
+        y.square().sum().backward()
+        out = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+        x.grad = None
+        model.zero_grad()
+        return out
+
+    unchecked = step(lambda b, y, m: b(y, m))
+    written = tier.bytes_written
+    got = step(lambda b, y, m: prefire.checkpoint(b, y, m, offload_to=tier))
+    tier.synchronize()
+    masks = 4 if own_counters else 1
+    # the blocks write their linears' inputs (x, a leaf, is kept by reference) and the mask once per version
+    assert tier.bytes_written - written == 3 * x.nbytes + masks * mask.nbytes
+    assert all(torch.equal(g, e) for g, e in zip(got, unchecked))

@@ -60,7 +60,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import _C
-from .._measuring import Measured, Signature, check_memory_budget, measure, signature, tensors, warn_measuring_step
+from .._measuring import (Measured, Signature, check_memory_budget, hold_budget_with, measure, signature, tensors,
+                          warn_measuring_step)
 from .._meter import SavedTensorMeter
 from .._selective import context_fn, mode_costs
 from ._budget import RankBudget
@@ -337,6 +338,8 @@ class RankPlanner:
                             for m, blocks in enumerate(p.choices) if all(c == KEEP for c in blocks)])
         # the sessions' budget: what the blocks leave of the memory budget, at each action where it is known
         self.budget.set(plan.session_bytes, room=list(plan.plan.room_bytes) if plan.plan.moment_bytes else None)
+        if self.offload_to is not None:  # what offloaded items may still hold while their copies are queued
+            hold_budget_with(self.offload_to, "prefire.pipelining", self.memory_budget, plan.plan.peak_bytes, [])
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:
