@@ -97,6 +97,13 @@
 //  5. offload_seconds is both copies of the block's saved storages: measured
 //     on the tier (OffloadTier::measure_copy_seconds) or, for an assumed tier,
 //     copy_seconds() from a bandwidth each way.
+//  6. Rule 1 holds from a plan's first step only where forward cannot run
+//     ahead of the copies: the planners set the tier's max_pending_bytes to
+//     the budget less the plan's peak (Note [Backpressure on copies into a
+//     tier] in src/offload/tier_store.cpp), and the plain planner refuses a
+//     plan whose offloaded blocks do not fit the tier at once. What forward
+//     waits for there is not in the hidden share of rule 4: on a slow tier at
+//     a tight budget the copies cost more than the plan counts.
 // offload_bytes -1 (the default) offers no offload, so no plan chooses it
 // without its costs.
 //
