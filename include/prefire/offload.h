@@ -7,6 +7,8 @@
 // first pass fetch it, and a session shares one fetched copy between its
 // passes. See Note [Offloading a checkpoint] in src/checkpoint/offloaded_slots.cpp.
 
+#include <prefire/schedule.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -96,5 +98,16 @@ class OffloadTier {
   explicit OffloadTier(std::unique_ptr<detail::TierStore> store);
   std::unique_ptr<detail::TierStore> store_;
 };
+
+/// Inside a backward (a hook that runs in it, on its thread): starts the
+/// fetch of the handle's offloaded checkpoint for this backward now, queued
+/// on its tier (the host file tier's worker, the prefire stream), so that its
+/// unpacks in this backward wait for those reads instead of reading then: a
+/// plain backward's reload schedule (Note [A reload schedule for a plain
+/// backward] in src/plan/reload_schedule.cpp). Returns false, doing nothing,
+/// when the handle is expired, its checkpoint is not offloaded or is
+/// registered to a session (prefire() fetches those), or no backward runs on
+/// this thread. std::invalid_argument for a default-made handle.
+bool fetch_ahead(const CheckpointHandle& handle);
 
 }  // namespace prefire

@@ -93,6 +93,15 @@ struct Plan {
                                       // step); see Note [What a plan holds]
 };
 
+/// For a plan of one backward pass (Release::kInBackward: a plain model),
+/// per block j the offloaded blocks whose fetch begins when j's backward
+/// begins (fetch_ahead in prefire/offload.h), nearest first, as far ahead as
+/// `memory_budget` allows (Note [A reload schedule for a plain backward] in
+/// src/plan/reload_schedule.cpp). Throws std::invalid_argument for sizes that
+/// differ and costs plan_bytes() refuses.
+std::vector<std::vector<int64_t>> reload_schedule(const std::vector<BlockCost>& blocks,
+                                                  const std::vector<Choice>& choices, int64_t memory_budget);
+
 /// The plan `choices` describes, counted as plan_for_budget() counts its own
 /// (peak, moments, passes and room within `memory_budget`, which it may
 /// exceed: then some room is negative). Throws as plan_bytes() does.

@@ -58,6 +58,7 @@ from ._plan import (
     plan_bytes,
     plan_for_budget,
     plan_checkpoints,
+    reload_schedule,
     with_offload,
 )
 from ._selective import MATMUL_AND_ATTENTION
@@ -70,6 +71,7 @@ from ._schedule import (
     clear_session,
     collect,
     discard_session,
+    fetch_ahead,
     prefire,
     reset_runtime_peak,
     runtime_stats,
@@ -109,10 +111,12 @@ __all__ = [
     "count_cpu_allocations",
     "describe_plan",
     "discard_session",
+    "fetch_ahead",
     "least_plan_bytes",
     "offered_choices",
     "plan_bytes",
     "plan_checkpoints",
+    "reload_schedule",
     "plan_for_budget",
     "prefire",
     "reset_allocator_peak",

@@ -64,6 +64,7 @@ import torch
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
 
 from . import _C, _schedule
+from ._schedule import CheckpointHandle, fetch_ahead
 from ._checkpoint import CheckpointWrapper, checkpoint
 from ._measuring import check_memory_budget, hold_budget_with, measure, signature, tensors, warn_measuring_step
 from ._options import check_options, check_values
@@ -133,6 +134,15 @@ def describe_plan(blocks: Sequence[BlockCost], choices: Sequence[Choice], memory
     return _C.describe_plan(list(blocks), list(choices), int(memory_budget), prefire_ahead, release)
 
 
+def reload_schedule(blocks: Sequence[BlockCost], choices: Sequence[Choice], memory_budget: int) -> List[List[int]]:
+    """For a plan of one backward pass (``Release.IN_BACKWARD``): per block
+    j, the offloaded blocks whose fetch begins (:func:`prefire.fetch_ahead`)
+    when j's backward begins, nearest first, as far ahead as
+    ``memory_budget`` allows (Note [A reload schedule for a plain backward]
+    in src/plan/reload_schedule.cpp)."""
+    return _C.reload_schedule(list(blocks), list(choices), int(memory_budget))
+
+
 class _Measuring:
     """The census of one measuring step."""
 
@@ -168,6 +178,9 @@ class MemoryPlanner:
         self._offload_kwargs = dict(checkpoint_kwargs, offload_to=offload_to)
         self._plans: Dict[Tuple[Any, ...], Plan] = {}
         self._costs: Dict[Tuple[Any, ...], List[BlockCost]] = {}
+        self._reloads: Dict[Tuple[Any, ...], Optional[List[List[int]]]] = {}  # per signature, with offloaded blocks
+        self._reload: Optional[List[List[int]]] = None  # this step's
+        self._step_handles: List[Optional[CheckpointHandle]] = []  # this step's offloaded blocks'
         self._step: Optional[Plan] = None  # the plan this step runs; None while measuring
         self._measuring: Optional[_Measuring] = None
         self._signature: Optional[Tuple[Any, ...]] = None
@@ -213,18 +226,44 @@ class MemoryPlanner:
                 raise RuntimeError(f"prefire.plan_checkpoints: block {index} ran before block 0 of its step; the "
                                    f"planned blocks must run in order, block 0 first")
             if self._step.offloaded[index]:
-                return checkpoint(module, *args, **self._offload_kwargs, **kwargs)
+                return self._offloaded(index, module, args, kwargs)
             if self._step.selective[index]:
                 return checkpoint(module, *args, **self._selective_kwargs, **kwargs)
             if self._step.checkpointed[index]:
-                return checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs)
-            return module(*args, **kwargs)
+                return self._fetching_ahead(index, checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs))
+            return self._fetching_ahead(index, module(*args, **kwargs))
         return self._measure(index, module, inputs, args, kwargs)
+
+    def _offloaded(self, index: int, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        if _schedule._collecting():  # the caller schedules what it collects: its reload too
+            return checkpoint(module, *args, **self._offload_kwargs, **kwargs)
+        with _schedule.collect() as handles:
+            out = checkpoint(module, *args, **self._offload_kwargs, **kwargs)
+        self._step_handles[index] = handles[0] if handles else None
+        return self._fetching_ahead(index, out)
+
+    def _fetching_ahead(self, index: int, out: Any) -> Any:
+        """The reload schedule's fetches that begin with this block's backward:
+        a hook on its output's gradient (Note [A reload schedule for a plain
+        backward] in src/plan/reload_schedule.cpp)."""
+        below = self._reload[index] if self._reload else ()
+        grad = next((t for t in tensors((out,), {}) if t.requires_grad), None) if below else None
+        if grad is not None:
+            handles = self._step_handles  # this step's: a later step has its own
+
+            def fetch(_: torch.Tensor) -> None:
+                for i in below:
+                    if handles[i] is not None:
+                        fetch_ahead(handles[i])
+            grad.register_hook(fetch)
+        return out
 
     def _begin_step(self, inputs: List[torch.Tensor]) -> None:
         self._signature = signature(inputs)
         self._step = self._plans.get(self._signature)
         self._measuring = None
+        self._step_handles = [None] * self.blocks
+        self._reload = self._reloads.get(self._signature)
         if self._step is not None:
             self._hold_budget(self._step)
         if self._step is None:
@@ -276,6 +315,8 @@ class MemoryPlanner:
         self._costs[self._signature] = costs
         self._step = plan
         self._hold_budget(plan)
+        self._reloads[self._signature] = self._reload = (
+            reload_schedule(costs, plan.choices, self.memory_budget) if any(plan.offloaded) else None)
         _log.info("%s", self.describe())
 
 

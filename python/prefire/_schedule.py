@@ -94,6 +94,17 @@ def prefire(handle: CheckpointHandle, session: int) -> PrefireStatus:
     return _C.prefire(_handle(handle, "prefire"), _session_id(session, "prefire"))
 
 
+def fetch_ahead(handle: CheckpointHandle) -> bool:
+    """Inside a backward (a hook that runs in it): starts the fetch of the
+    handle's offloaded checkpoint for this backward now, on its tier's worker
+    (the prefire stream on CUDA), so that its unpacks wait for those reads
+    instead of reading then: a plain backward's reload schedule
+    (:func:`reload_schedule`). False, doing nothing, for an expired handle, a
+    checkpoint that is not offloaded or is registered to a session, or
+    outside a backward."""
+    return _C.fetch_ahead(_handle(handle, "fetch_ahead"))
+
+
 def attach(handle: CheckpointHandle, session: int) -> bool:
     """Registers the checkpoint with ``session`` without recomputing it: the
     first pass bound to the session that needs it recomputes it, later passes

@@ -383,6 +383,7 @@ void bind_sessions(py::module_& m) {
   m.def("attach", &prefire::attach, py::arg("handle"), py::arg("session"),
         py::call_guard<py::gil_scoped_release>());
   m.def("kept_bytes", &prefire::kept_bytes, py::arg("handle"));
+  m.def("fetch_ahead", &prefire::fetch_ahead, py::arg("handle"), py::call_guard<py::gil_scoped_release>());
   m.def("clear_session", [](SessionId id) { warning_as_python([&] { prefire::clear_session(id); }); },
         py::arg("session"));
   m.def("discard_session", [](SessionId id) { warning_as_python([&] { prefire::discard_session(id); }); },

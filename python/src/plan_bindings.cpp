@@ -175,6 +175,8 @@ void bind_costs_and_plans(py::module_& m) {
         py::arg("release"), py::arg("selective") = std::vector<bool>{});
   m.def("describe_plan", &prefire::describe_plan, py::arg("blocks"), py::arg("choices"), py::arg("memory_budget"),
         py::arg("prefire_ahead"), py::arg("release"));
+  m.def("reload_schedule", &prefire::reload_schedule, py::arg("blocks"), py::arg("choices"),
+        py::arg("memory_budget"));
   m.def("choice_seconds", &prefire::choice_seconds, py::arg("block"), py::arg("choice"));
   m.def("offered_choices", &prefire::offered_choices, py::arg("block"));
   m.def("with_offload", &prefire::with_offload, py::arg("block"), py::kw_only(), py::arg("moved_bytes"),

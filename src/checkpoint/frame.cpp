@@ -34,6 +34,7 @@
 #include <prefire/errors.h>
 
 #include "checkpoint/checksum.h"
+#include "checkpoint/handle_collector.h"
 #include "checkpoint/observer.h"
 #include "cuda/prefire_stream.h"
 #include "hooks/autograd_engine.h"
@@ -455,4 +456,28 @@ bool Frame::prefire(Registration& registration) {
   return true;
 }
 
+bool Frame::fetch_ahead() {
+  if (!offloaded_ || !forward_done_.load(std::memory_order_acquire)) return false;
+  const int64_t graph_task = current_graph_task_id();
+  if (graph_task < 0) return false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (registered_) return false;  // its session's recomputation serves it (key 1 of Note [Recomputation keys])
+  }
+  std::shared_ptr<Recomputation> r = recomputation_for(graph_task);
+  if (auto event = recompute_once(source(), *r, RecomputeEvent::Kind::kPrefire, std::nullopt, full_extent())) {
+    notify_recompute(*event);
+  }
+  return true;
+}
+
 }  // namespace prefire::detail
+
+namespace prefire {
+
+bool fetch_ahead(const CheckpointHandle& handle) {
+  auto frame = detail::HandleAccess::frame(handle, "fetch_ahead");
+  return frame && frame->fetch_ahead();
+}
+
+}  // namespace prefire

@@ -84,6 +84,10 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   /// returns whether this call recomputed.
   bool prefire(Registration& registration);
 
+  /// An offloaded frame, inside a backward on this thread, not registered to a
+  /// session: queues its fetch for this backward's graph task now (prefire::fetch_ahead).
+  bool fetch_ahead();
+
  private:
   /// What the recompute driver reads of this frame.
   RecomputeSource source() const { return {fn_, options_, state_, inputs_, slots_, offloaded_.get()}; }

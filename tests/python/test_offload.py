@@ -544,3 +544,67 @@ def test_a_storage_several_offloaded_checkpoints_save_is_written_once(tier, own_
     # the blocks write their linears' inputs (x, a leaf, is kept by reference) and the mask once per version
     assert tier.bytes_written - written == 3 * x.nbytes + masks * mask.nbytes
     assert all(torch.equal(g, e) for g, e in zip(got, unchecked))
+
+
+def test_fetch_ahead_inside_backward_prefetches_an_offloaded_block_with_unchecked_gradients(tier):
+    """A hook on block j's output gradient starts block j-1's fetch (the
+    reload schedule's mechanism): every block but the top one is fetched
+    ahead, the gradients are the unchecked ones, and outside a backward or
+    for a block that is not offloaded fetch_ahead does nothing."""
+    model = blocks(4, seed=26)
+    expected = grads(model, lambda b, y: b(y))
+    kinds = []
+    prefire.set_recompute_observer(lambda kind, session, begin, end: kinds.append(kind))
+    try:
+        handles = []
+
+        def wrap(b, y):
+            with prefire.collect() as made:
+                out = prefire.checkpoint(b, y, offload_to=tier)
+            if handles:
+                below = handles[-1]
+                out.register_hook(lambda g: prefire.fetch_ahead(below) and None)
+            handles.extend(made)
+            return out
+
+        got = grads(model, wrap)
+    finally:
+        prefire.set_recompute_observer(None)
+    assert sorted(kinds) == ["lazy", "prefire", "prefire", "prefire"], "the top block fetches lazily, the rest ahead"
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    with prefire.collect() as made:
+        y = prefire.checkpoint(model[0], x, offload_to=tier)
+        z = prefire.checkpoint(model[1], y)
+    assert not prefire.fetch_ahead(made[0]), "outside a backward"
+    z.register_hook(lambda g: results.append(prefire.fetch_ahead(made[1])))
+    results = []
+    z.sum().backward()
+    assert results == [False], "a recomputed checkpoint has nothing to fetch"
+
+
+def test_a_plan_with_headroom_fetches_its_offloaded_blocks_ahead_by_its_reload_schedule(tier):
+    model = blocks(5, seed=12)
+    torch.manual_seed(13)
+    x = torch.randn(8, 16, 32, requires_grad=True)
+    expected = planned_step(model, x)
+    probe = copy.deepcopy(model)
+    planner = prefire.plan_checkpoints(probe, memory_budget=10 ** 12)
+    planned_step(probe, x)
+    budget = sum(c.saved_bytes for c in planner.costs) // 2
+    planned = _planned(model, budget, tier)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        planned_step(planned, x)
+    plan, costs = planned.planner.plan, planned.planner.costs
+    schedule = prefire.reload_schedule(costs, plan.choices, budget)
+    ahead = sum(len(s) for s in schedule)
+    assert ahead > 0, (plan.choices, schedule)
+    kinds = []
+    prefire.set_recompute_observer(lambda kind, session, begin, end: kinds.append(kind))
+    try:
+        got = planned_step(planned, x)
+    finally:
+        prefire.set_recompute_observer(None)
+    assert kinds.count("prefire") == ahead and kinds.count("lazy") == sum(plan.offloaded) - ahead
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
