@@ -38,9 +38,13 @@ tier, one copy each way of what keeping the block would hold (the storages
 its forward saves, the inputs it saves among them); it holds nothing
 on the device meanwhile (offload_bytes 0), and half the copies' time counts
 as hidden: the copy into the tier runs on the tier's worker beside the
-next blocks' forward, the fetch on the backward's thread as it reaches the
-block (a plain backward prefetches nothing). A block chosen so runs
-prefire.checkpoint with ``offload_to``.
+next blocks' forward; the fetch is counted exposed, though the plan's
+reload schedule (Note [A reload schedule for a plain backward] in
+src/plan/reload_schedule.cpp) starts it at the backward of a block above,
+as far ahead as the budget's headroom allows, through a hook on that
+block's output gradient. A block chosen so runs prefire.checkpoint with
+``offload_to``; the tier's backpressure is the plan's headroom (Note
+[Backpressure on copies into a tier] in src/offload/tier_store.cpp).
 
 A budget below what the least plan holds raises at the end of the measuring
 forward, naming that minimum. What the measuring step itself held is

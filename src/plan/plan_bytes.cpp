@@ -90,10 +90,12 @@
 //     choices by that one measure (Plan::recompute_seconds, "seconds added").
 //  4. offload_hidden is kOffloadHidden, one half: the copy into the tier runs
 //     on the tier's worker or copy stream behind the work after the block's
-//     forward; the fetch is on the critical path of the backward that needs
-//     it (a plain model's backward fetches each block when it reaches it, and
-//     a pipeline's B too, unless a bubble prefire fetched it ahead: then more
-//     is hidden than the plan counts).
+//     forward; the fetch is counted on the critical path of the backward that
+//     needs it (a pipeline's B fetches when it reaches the block unless a
+//     bubble prefire fetched it ahead; a plain backward fetches ahead as far
+//     as the plan leaves room, Note [A reload schedule for a plain backward]
+//     in src/plan/reload_schedule.cpp: where either does, more is hidden
+//     than the plan counts).
 //  5. offload_seconds is both copies of the block's saved storages: measured
 //     on the tier (OffloadTier::measure_copy_seconds) or, for an assumed tier,
 //     copy_seconds() from a bandwidth each way.
