@@ -4,7 +4,7 @@
 // budget, each offloaded block but the top one starts at most once and only
 // from a block above it, a budget with no headroom starts nothing, and an
 // unbounded one starts every offloaded block below the top block at its
-// backward, nearest first.
+// backward, nearest first. tier_bytes: what a plan keeps in the tier at once.
 
 #include <prefire/plan.h>
 
@@ -110,6 +110,28 @@ TEST(ReloadSchedule, ABudgetTheBackwardFillsStartsNothing) {
   const auto one_ahead = prefire::reload_schedule(blocks, offloaded, 2 * plan);
   EXPECT_EQ(one_ahead, (std::vector<std::vector<int64_t>>{{}, {0}, {1}})) << "one block ahead at a time";
   EXPECT_THROW(prefire::reload_schedule(blocks, {Choice::kKeep}, plan), std::invalid_argument);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(TierBytes, OneBackwardPassHoldsEveryOffloadedBlockAndAPipelineTheMostAtAMoment) {
+  std::vector<BlockCost> blocks(3);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].saved_bytes = 100 * static_cast<int64_t>(i + 1);
+    blocks[i].input_bytes = 10;
+    blocks[i] = prefire::with_offload(blocks[i], blocks[i].saved_bytes, 1e-3);
+  }
+  const std::vector<Choice> choices{Choice::kOffload, Choice::kKeep, Choice::kOffload};
+  EXPECT_EQ(prefire::tier_bytes(blocks, choices, Release::kInBackward), 100 + 300);
+  // a pipeline: micro-batches held at each of three moments
+  for (BlockCost& b : blocks) b.in_flight = 2;
+  blocks[0].alive = {1, 2, 0};
+  blocks[1].alive = {1, 1, 1};
+  blocks[2].alive = {0, 1, 2};
+  EXPECT_EQ(prefire::tier_bytes(blocks, choices, Release::kAtStepEnd), std::max({100 * 1, 100 * 2 + 300, 300 * 2}));
+  EXPECT_EQ(prefire::tier_bytes(blocks, std::vector<Choice>(3, Choice::kKeep), Release::kAtStepEnd), 0);
 }
 
 }  // namespace

@@ -102,6 +102,12 @@ struct Plan {
 std::vector<std::vector<int64_t>> reload_schedule(const std::vector<BlockCost>& blocks,
                                                   const std::vector<Choice>& choices, int64_t memory_budget);
 
+/// The most bytes the plan `choices` keeps in an offload tier at once: its
+/// offloaded blocks' moved bytes, for every micro-batch each holds at a
+/// moment (Note [Offloaded blocks in a plan], rule 7). Throws as describe_plan() does.
+int64_t tier_bytes(const std::vector<BlockCost>& blocks, const std::vector<Choice>& choices,
+                   Release release = Release::kAtStepEnd);
+
 /// The plan `choices` describes, counted as plan_for_budget() counts its own
 /// (peak, moments, passes and room within `memory_budget`, which it may
 /// exceed: then some room is negative). Throws as plan_bytes() does.

@@ -84,14 +84,12 @@ def check_memory_budget(who: str, memory_budget: Any) -> None:
         raise ValueError(f"{who}: memory_budget must be a number of bytes (an int >= 0), got {memory_budget!r}")
 
 
-def hold_budget_with(tier: Any, who: str, memory_budget: int, peak_bytes: int, offloaded_bytes: List[int]) -> None:
+def hold_budget_with(tier: Any, who: str, memory_budget: int, peak_bytes: int, needed: int) -> None:
     """A plan with offloaded blocks on ``tier``: what the copies still
     queued may hold is the budget's headroom over the plan's peak (Note
     [Backpressure on copies into a tier] in src/offload/tier_store.cpp),
-    and ValueError when the blocks it offloads at once (``offloaded_bytes``,
-    each rounded up to the tier's pages) do not fit the tier."""
-    page = 4096
-    needed = sum(-(-n // page) * page for n in offloaded_bytes)
+    and ValueError when what it keeps in the tier at once (``needed``,
+    ``_C.tier_bytes``) does not fit the tier."""
     if needed > tier.capacity_bytes:
         raise ValueError(f"{who}: the plan offloads {needed} bytes at once and the offload tier holds "
                          f"{tier.capacity_bytes}; make the tier larger or the memory budget larger")

@@ -329,7 +329,7 @@ class MemoryPlanner:
         if self._offload_to is not None and any(plan.offloaded):
             costs = self._costs[self._signature]
             hold_budget_with(self._offload_to, "prefire.plan_checkpoints", self.memory_budget, plan.peak_bytes,
-                             [c.offload_moved_bytes for c, o in zip(costs, plan.offloaded) if o])
+                             _C.tier_bytes(costs, plan.choices, _ONE_PASS))
 
 
 def _under_compile() -> bool:

@@ -175,6 +175,7 @@ void bind_costs_and_plans(py::module_& m) {
         py::arg("release"), py::arg("selective") = std::vector<bool>{});
   m.def("describe_plan", &prefire::describe_plan, py::arg("blocks"), py::arg("choices"), py::arg("memory_budget"),
         py::arg("prefire_ahead"), py::arg("release"));
+  m.def("tier_bytes", &prefire::tier_bytes, py::arg("blocks"), py::arg("choices"), py::arg("release"));
   m.def("reload_schedule", &prefire::reload_schedule, py::arg("blocks"), py::arg("choices"),
         py::arg("memory_budget"));
   m.def("choice_seconds", &prefire::choice_seconds, py::arg("block"), py::arg("choice"));

@@ -102,10 +102,16 @@
 //  6. Rule 1 holds from a plan's first step only where forward cannot run
 //     ahead of the copies: the planners set the tier's max_pending_bytes to
 //     the budget less the plan's peak (Note [Backpressure on copies into a
-//     tier] in src/offload/tier_store.cpp), and the plain planner refuses a
-//     plan whose offloaded blocks do not fit the tier at once. What forward
+//     tier] in src/offload/tier_store.cpp), and both refuse a plan that keeps
+//     more in the tier at once than it holds (rule 7). What forward
 //     waits for there is not in the hidden share of rule 4: on a slow tier at
 //     a tight budget the copies cost more than the plan counts.
+//  7. The tier holds an offloaded block's moved bytes for every micro-batch
+//     it holds (BlockCost::alive at each moment, in_flight without moments;
+//     in one backward pass every offloaded block at the end of forward):
+//     tier_bytes(), the most over the moments, which a planner checks
+//     against the tier's capacity before it runs the plan (regions are
+//     whole pages per storage, so a tier needs a little more than this).
 // offload_bytes -1 (the default) offers no offload, so no plan chooses it
 // without its costs.
 //
@@ -439,6 +445,22 @@ double copy_seconds(int64_t moved_bytes, double to_tier, double back) {
     throw std::invalid_argument("prefire::copy_seconds: moved_bytes must be >= 0 and both bandwidths > 0");
   }
   return static_cast<double>(moved_bytes) / to_tier + static_cast<double>(moved_bytes) / back;
+}
+
+int64_t tier_bytes(const std::vector<BlockCost>& blocks, const std::vector<Choice>& choices, Release release) {
+  plan_detail::check(blocks, release);
+  plan_detail::check_choices(blocks, choices, 0);
+  // Note [Offloaded blocks in a plan], rule 7
+  std::vector<int64_t> at(release == Release::kInBackward ? 1 : std::max<size_t>(1, plan_detail::moments(blocks)), 0);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (choices[i] != Choice::kOffload) continue;
+    const BlockCost& b = blocks[i];
+    for (size_t t = 0; t < at.size(); ++t) {
+      const int64_t held = release == Release::kInBackward ? 1 : b.alive.empty() ? b.in_flight : b.alive[t];
+      at[t] = plan_detail::add_product(at[t], held, b.offload_moved_bytes);
+    }
+  }
+  return *std::max_element(at.begin(), at.end());
 }
 
 int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>& checkpointed,

@@ -339,7 +339,9 @@ class RankPlanner:
         # the sessions' budget: what the blocks leave of the memory budget, at each action where it is known
         self.budget.set(plan.session_bytes, room=list(plan.plan.room_bytes) if plan.plan.moment_bytes else None)
         if self.offload_to is not None:  # what offloaded items may still hold while their copies are queued
-            hold_budget_with(self.offload_to, "prefire.pipelining", self.memory_budget, plan.plan.peak_bytes, [])
+            _, items = self._items(plan.key)
+            hold_budget_with(self.offload_to, "prefire.pipelining", self.memory_budget, plan.plan.peak_bytes,
+                             _C.tier_bytes(items, plan.plan.choices, _C.Release.AT_STEP_END))
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:
