@@ -243,10 +243,7 @@ def test_plan_checkpoints_offloads_where_recomputation_cannot_fit_and_holds_the_
     torch.manual_seed(13)
     x = torch.randn(8, 16, 32, requires_grad=True)
     expected = planned_step(model, x)
-    probe = copy.deepcopy(model)
-    planner = prefire.plan_checkpoints(probe, memory_budget=10 ** 12)
-    planned_step(probe, x)
-    costs = planner.costs
+    costs = measured_costs(model, x)
     none = sum(c.saved_bytes for c in costs)
     budget = none // 4
     assert budget < prefire.least_plan_bytes(costs, prefire.Release.IN_BACKWARD), "recompute-only cannot fit"
@@ -277,6 +274,14 @@ def _planned(model, budget, offload_to):
     planned = copy.deepcopy(model)
     planned.planner = prefire.plan_checkpoints(planned, memory_budget=budget, offload_to=offload_to)
     return planned
+
+
+def measured_costs(model, x):
+    """The blocks' costs, as a planner's measuring step finds them (on a copy of ``model``)."""
+    probe = copy.deepcopy(model)
+    planner = prefire.plan_checkpoints(probe, memory_budget=10 ** 12)
+    planned_step(probe, x)
+    return planner.costs
 
 
 def test_zbv_with_offloaded_blocks_fetches_each_once_per_micro_batch_and_matches_no_checkpointing(one_rank, tier):
@@ -467,12 +472,8 @@ def test_a_plan_with_offload_holds_its_budget_on_its_first_step_on_a_slow_tier(t
     torch.manual_seed(23)
     x = torch.randn(8, 16, 32, requires_grad=True)
     expected = planned_step(copy.deepcopy(model), x)
-    probe = copy.deepcopy(model)
-    planner = prefire.plan_checkpoints(probe, memory_budget=10 ** 12)
-    planned_step(probe, x)
-    budget = sum(c.saved_bytes for c in planner.costs) // 4
-    planned = copy.deepcopy(model)
-    planned.planner = prefire.plan_checkpoints(planned, memory_budget=budget, offload_to=tier)
+    budget = sum(c.saved_bytes for c in measured_costs(model, x)) // 4
+    planned = _planned(model, budget, tier)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the measuring step may hold more than the budget
         planned_step(planned, x)
@@ -494,12 +495,8 @@ def test_a_plan_refuses_an_offload_the_tier_cannot_hold(tmp_path):
     tier = prefire.OffloadTier.host_file(tmp_path, 49 * 4096)  # one block's saved tensors, not two
     model = blocks(5, seed=24)
     x = torch.randn(8, 16, 32, requires_grad=True)
-    probe = copy.deepcopy(model)
-    planner = prefire.plan_checkpoints(probe, memory_budget=10 ** 12)
-    planned_step(probe, x)
-    budget = sum(c.saved_bytes for c in planner.costs) // 4  # only offloading fits
-    planned = copy.deepcopy(model)
-    prefire.plan_checkpoints(planned, memory_budget=budget, offload_to=tier)
+    budget = sum(c.saved_bytes for c in measured_costs(model, x)) // 4  # only offloading fits
+    planned = _planned(model, budget, tier)
     with pytest.raises(ValueError, match=r"the plan offloads \d+ bytes at once and the offload tier holds 200704"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -584,22 +581,31 @@ def test_fetch_ahead_inside_backward_prefetches_an_offloaded_block_with_unchecke
 
 
 def test_a_plan_with_headroom_fetches_its_offloaded_blocks_ahead_by_its_reload_schedule(tier):
-    model = blocks(5, seed=12)
+    """A top block that saves far more than the others sets the plan's
+    peak; at a budget of that peak nothing below it can be kept or
+    checkpointed (either would be held while the top block's backward runs),
+    so the blocks between are offloaded, and the room the top block
+    leaves while the blocks below run their backward is the reload
+    schedule's: their fetches begin ahead (Note [A reload schedule for a
+    plain backward])."""
+    torch.manual_seed(27)
+    wide = torch.nn.Sequential(torch.nn.Linear(32, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 32))
+    model = torch.nn.ModuleList(list(blocks(4, seed=12)) + [wide])
     torch.manual_seed(13)
     x = torch.randn(8, 16, 32, requires_grad=True)
     expected = planned_step(model, x)
-    probe = copy.deepcopy(model)
-    planner = prefire.plan_checkpoints(probe, memory_budget=10 ** 12)
-    planned_step(probe, x)
-    budget = sum(c.saved_bytes for c in planner.costs) // 2
+    costs = measured_costs(model, x)
+    budget = max(c.saved_bytes for c in costs)
+    assert budget >= 2 * max(c.saved_bytes for c in costs[:-1])
     planned = _planned(model, budget, tier)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         planned_step(planned, x)
     plan, costs = planned.planner.plan, planned.planner.costs
+    assert all(plan.offloaded[1:-1]), plan.choices
     schedule = prefire.reload_schedule(costs, plan.choices, budget)
     ahead = sum(len(s) for s in schedule)
-    assert ahead > 0, (plan.choices, schedule)
+    assert ahead >= 2, schedule
     kinds = []
     prefire.set_recompute_observer(lambda kind, session, begin, end: kinds.append(kind))
     try:
