@@ -50,13 +50,21 @@ def backward_seconds(blocks, x, wrap, schedule=None):
             y = wrap(b, y)
         handles.append(made[0] if made else None)
         if schedule and schedule[i]:
-            below = schedule[i]
-            y.register_hook(lambda g, below=below: [prefire.fetch_ahead(handles[j]) for j in below] and None)
+            y.register_hook(fetching(handles, schedule[i]))
     loss = y.square().mean()
-    wrap.tier.synchronize() if hasattr(wrap, "tier") else None
+    if isinstance(wrap, Offloaded):
+        wrap.tier.synchronize()
     begin = time.perf_counter()
     loss.backward()
     return time.perf_counter() - begin
+
+
+def fetching(handles, below):
+    """A gradient hook that begins the fetches of blocks ``below``."""
+    def hook(_):
+        for j in below:
+            prefire.fetch_ahead(handles[j])
+    return hook
 
 
 class Offloaded:

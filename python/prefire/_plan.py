@@ -68,10 +68,10 @@ import torch
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
 
 from . import _C, _schedule
-from ._schedule import CheckpointHandle, fetch_ahead
 from ._checkpoint import CheckpointWrapper, checkpoint
 from ._measuring import check_memory_budget, hold_budget_with, measure, signature, tensors, warn_measuring_step
 from ._options import check_options, check_values
+from ._schedule import CheckpointHandle, fetch_ahead
 from ._selective import Policy, context_fn, mode_costs, policy
 
 BlockCost = _C.BlockCost
@@ -232,7 +232,7 @@ class MemoryPlanner:
             if self._step.offloaded[index]:
                 return self._offloaded(index, module, args, kwargs)
             if self._step.selective[index]:
-                return checkpoint(module, *args, **self._selective_kwargs, **kwargs)
+                return self._fetching_ahead(index, checkpoint(module, *args, **self._selective_kwargs, **kwargs))
             if self._step.checkpointed[index]:
                 return self._fetching_ahead(index, checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs))
             return self._fetching_ahead(index, module(*args, **kwargs))
@@ -322,7 +322,6 @@ class MemoryPlanner:
         self._reloads[self._signature] = self._reload = (
             reload_schedule(costs, plan.choices, self.memory_budget) if any(plan.offloaded) else None)
         _log.info("%s", self.describe())
-
 
     def _hold_budget(self, plan: Plan) -> None:
         """The tier's backpressure for this plan: every offloaded block is held at the end of forward."""

@@ -16,9 +16,10 @@
 //     copy, and a copy over the limit by itself is waited for at once (never
 //     pending: the storage was forward's anyway). With a limit of 0 every
 //     copy is written before forward goes on; the default (no limit) never
-//     waits. The memory planners set the limit to
-//     their plan's headroom (the budget less the plan's peak), so a planned
-//     step holds its budget from the first step on.
+//     waits. The memory planners set the limit to their plan's headroom (the
+//     budget less the plan's peak), so a planned step holds its budget from
+//     the first step on (Note [Offloaded blocks in a plan], rule 6, in
+//     src/plan/plan_bytes.cpp).
 //  3. A copy is seen done when the store says so (the host file tier's worker
 //     after each copy, once the storage is let go) or when pending_bytes(),
 //     copy_in() or synchronize() looks (the pinned host tier's events).
