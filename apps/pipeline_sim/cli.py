@@ -13,11 +13,12 @@ from pipeline_bench.report import cell
 from pipeline_bench.sweep import plan_letters
 from prefire.pipelining.placement import placement_file
 
-from .compare import compare
+from .compare import Joint, compare
 from .measured import validate
 from .plan_predict import predict_plans
 from .plan_search import search
 from .predict import predict
+from .ratios import H200
 
 
 def _gb_per_s(text: str) -> Union[float, Tuple[float, float]]:
@@ -26,6 +27,16 @@ def _gb_per_s(text: str) -> Union[float, Tuple[float, float]]:
     if len(parts) > 2 or min(parts) < 0:
         raise argparse.ArgumentTypeError(f"a bandwidth is GB/S or GB/S,GB/S (to the tier, back), >= 0: {text!r}")
     return parts[0] if len(parts) == 1 else (parts[0], parts[1])
+
+
+def _ratios(text: str) -> Tuple[float, float, float]:
+    """B,W,R or h200 (Note [Durations at another machine's ratios])."""
+    if text == "h200":
+        return H200
+    parts = [float(p) for p in text.split(",")]
+    if len(parts) != 3 or min(parts) <= 0:
+        raise argparse.ArgumentTypeError(f"ratios are B/F,W/F,R/(F+B+W), each > 0, or h200: {text!r}")
+    return parts[0], parts[1], parts[2]
 
 
 def _read(path: str) -> Dict[str, Any]:
@@ -56,7 +67,23 @@ def _parser() -> argparse.ArgumentParser:
                     help="search placements up to N ranks (the search takes minutes at 16)")
     pl.add_argument("--max-held", type=int, default=None, metavar="N",
                     help="the search holds at most N checkpoints per rank recomputed before their pass at once")
-    pl.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    pl.add_argument("--json", metavar="PATH",
+                    help="write the rows as JSON: a list, one per schedule and rank count (schedule, ranks, h_rules, "
+                         "h_search, h_max, h_oracle, each also over recomputation alone as h_..._recompute, floor_s, "
+                         "oracle_s, session_s, none_s, recompute_s, overhead_s, joint_s, joint_peak_fraction, ...)")
+    pl.add_argument("--ratios", type=_ratios, default=None, metavar="B,W,R|h200",
+                    help="durations at another machine's ratios: B/F, W/F and a micro-batch's recomputation over "
+                         "F+B+W (h200: 1.23,0.72,0.33; Note [Durations at another machine's ratios])")
+    pl.add_argument("--plan-sweep", metavar="SWEEP.json",
+                    help="a memory sweep with a plan-offload run (python -m pipeline_bench.sweep --offload "
+                         "[--selective]): adds the joint plan's step and peak (Note [The joint plan])")
+    pl.add_argument("--joint-budget", type=float, default=0.5, metavar="FRACTION",
+                    help="the joint plan's budget on each rank: this share of what keeping everything holds there")
+    pl.add_argument("--no-offload", action="store_true", help="the joint plan offered no offloading")
+    pl.add_argument("--joint-ranks", type=int, default=16, metavar="N", help="the joint plan up to N ranks")
+    pl.add_argument("--bandwidth", type=_gb_per_s, default=0.0, metavar="GB/S[,GB/S]",
+                    help="the joint plan's offload tier moving this many GB per second to it and back (0: the "
+                         "copies as the sweep's tier measured them)")
     pl.add_argument("--write-placement", metavar="PATH",
                     help="write the search's placement (the rules' above --search-ranks) for the pipeline program's "
                          "--placement (one schedule, one rank count)")
@@ -168,9 +195,12 @@ def _predict_plans(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> in
 def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
     """Each schedule from its own run where one is given, else from the first."""
     by_schedule = {s["config"]["schedule"]: s for s in summaries}
-    print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks; median durations)")
-    print(f"{'schedule':18} {'ranks':>5} {'H rules':>8} {'H search':>9} {'H max':>6} {'waits/recomp':>12} "
-          f"{'held rules':>10} {'held search':>11} {'best/session':>14}")
+    sweep = _read(a.plan_sweep) if a.plan_sweep else None
+    print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks; median durations"
+          + (f"; at ratios B/F, W/F, R/(F+B+W) = {a.ratios}" if a.ratios else "") + ")")
+    print(f"{'schedule':16} {'ranks':>5} {'H rules':>7} {'search':>6} {'oracle':>6} {'max':>5} "
+          f"{'| rules':>7} {'oracle':>6} {'max':>5} {'overhead':>8} {'held':>9} {'best/session':>12} "
+          f"{'joint/none':>10} {'peak':>5}")
     rows = []
     schedules, worlds = a.schedules.split(","), [int(r) for r in a.ranks.split(",") if r]
     if a.write_placement and (len(schedules) != 1 or len(worlds) != 1):
@@ -178,17 +208,27 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
         return 2
     for schedule in schedules:
         for world in worlds:
+            joint = None
+            if sweep is not None and world <= a.joint_ranks:
+                joint = Joint(sweep, a.joint_budget, a.bandwidth, offload=not a.no_offload)
             row = compare(by_schedule.get(schedule, summaries[0]), schedule, world, a.max_held,
-                          searched=world <= a.search_ranks)
+                          searched=world <= a.search_ranks, ratios=a.ratios, joint=joint)
             rows.append(row)
-            h = row["hidden"]
-            best = row.get("search_s", row["rules_s"])
+            best = row["search_s"] or row["rules_s"]
             # H is None where the replay's session step is no longer than none's (the measured recomputation
             # too short against the run's noise): nothing to hide, printed as "-"
-            print(f"{schedule:18} {world:5d} {cell(h['rules'], digits=3):>8} {cell(h.get('search'), digits=3):>9} "
-                  f"{cell(h['max'], digits=3):>6} {cell(row['waits_over_recompute'], digits=2):>12} "
-                  f"{row['rules_held']:10d} {str(row.get('search_held', '-')):>11} {best / row['session_s']:14.3f}",
-                  flush=True)
+            h = [cell(row[f"h_{k}"], digits=2) for k in ("rules", "search", "oracle", "max",
+                                                        "rules_recompute", "oracle_recompute", "max_recompute")]
+            overhead = row["overhead_s"] / row["recompute_s"] if row["recompute_s"] > 0 else None
+            held = f"{row['rules_held']}/{row['search_held'] if row['search_held'] is not None else '-'}"
+            joint_cells = (f"{row['joint_s'] / row['none_s']:10.3f} {row['joint_peak_fraction']:5.2f}"
+                           if row["joint_s"] is not None else f"{'-':>10} {'-':>5}")
+            print(f"{schedule:16} {world:5d} {h[0]:>7} {h[1]:>6} {h[2]:>6} {h[3]:>5} {'| ' + h[4]:>7} {h[5]:>6} "
+                  f"{h[6]:>5} {cell(overhead, digits=2):>8} {held:>9} {best / row['session_s']:12.3f} "
+                  + joint_cells, flush=True)
+    print("H: (session - X) / (session - none); after |: over the step's recomputation alone; overhead: session "
+          "mode's cost beyond its recomputation, over its recomputation; held: checkpoints held ahead, rules/search;"
+          " joint: the joint plan's step over none's and its peak over none's")
     if a.json:
         with open(a.json, "w") as f:
             json.dump([{k: v for k, v in r.items() if not k.endswith("placement")} for r in rows], f, indent=1)
@@ -196,8 +236,8 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
         with open(a.write_placement, "w") as f:
             row = rows[0]
             placement = row.get("placement", row["rules_placement"])  # the search's, else the rules'
-            json.dump(placement_file(placement, row["schedule"], row["world"], row["micro_batches"],
-                                     stage_rank(row["schedule"], row["world"])), f)
+            json.dump(placement_file(placement, row["schedule"], row["ranks"], row["micro_batches"],
+                                     stage_rank(row["schedule"], row["ranks"])), f)
     return 0
 
 

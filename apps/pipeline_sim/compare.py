@@ -5,46 +5,86 @@ placement at all (the floor) hide, replayed with a measured run's durations
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
 
+import prefire
 from pipeline_bench.config import SCHEDULES, stage_rank
 
+from .joint import joint_plan
 from .measured import measured_costs
+from .oracle import hidden_over, oracle, recompute_of, without_recompute
 from .place import PASSES, floor_s, held_ahead, rules_placement, search
+from .plan_predict import plan_costs, rank_plan_blocks
+from .plan_search import Bandwidth
 from .predict import scaled_costs
+from .ratios import Ratios, with_ratios
 from .replay import Pipeline, overlaps, rank_orders
 
 
+@dataclass
+class Joint:
+    """What the joint plan is made of: a memory sweep's block costs
+    (``python -m pipeline_bench.sweep --offload``, with ``--selective`` for
+    selective costs), each rank's budget as a fraction of what keeping
+    everything holds there, the tier's bandwidth (0: as measured), whether
+    offloading is offered."""
+
+    sweep: Dict[str, Any]
+    fraction: float = 0.5
+    bandwidth: Bandwidth = 0.0
+    offload: bool = True
+    max_replays: int = 3000
+
+
 def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = None,
-            searched: bool = True) -> Dict:
+            searched: bool = True, ratios: Optional[Ratios] = None, joint: Optional[Joint] = None) -> Dict:
     """``schedule`` on ``world`` ranks (micro-batches twice the ranks, the
-    measured run's median durations scaled as ``predict`` scales them): H
-    of the rules, of the search (``searched``), the most any placement
-    allows (the floor) and all waits over all recomputation."""
+    measured run's median durations scaled as ``predict`` scales them, or
+    set to ``ratios``): the steps of none, session and session without its
+    recomputation, of the rules' placement, the search's (``searched``), the
+    floor and the oracle, and H of each over session - none and over the
+    recomputation alone (Note [The oracle fill and the recomputation's own
+    time] in oracle.py); with ``joint``, the joint plan's step and peak
+    (Note [The joint plan] in joint.py)."""
     cfg = summary["config"]
     measured_stages = SCHEDULES[cfg["schedule"]][1] * cfg["world"]
     n_stages = SCHEDULES[schedule][1] * world
+    costs = scaled_costs(measured_costs(summary), measured_stages, schedule, world)
     pipeline = Pipeline(rank_orders(schedule, world, 2 * world), stage_rank(schedule, world), n_stages,
-                        scaled_costs(measured_costs(summary), measured_stages, schedule, world),
-                        overlaps(schedule, world, 2 * world))
+                        with_ratios(costs, ratios) if ratios else costs, overlaps(schedule, world, 2 * world))
     session, none = pipeline.run("session"), pipeline.run("none")
-    lazy = session.step_s - none.step_s
-
-    def hidden(step_s: float) -> Optional[float]:
-        return (session.step_s - step_s) / lazy if lazy > 0 else None
-
-    recompute = sum(pipeline.costs.checkpoints[s] * pipeline.costs.checkpoint[s]
-                    for order in pipeline.orders for kind, s, _ in order if kind in PASSES)
-    row = {"schedule": schedule, "world": world, "micro_batches": 2 * world, "max_held": max_held,
-           "session_s": session.step_s, "none_s": none.step_s, "floor_s": floor_s(pipeline),
-           "waits_over_recompute": min(1.0, sum(session.wait_s) / recompute) if recompute else None}
+    free = without_recompute(pipeline)
+    recompute = sum(recompute_of(pipeline.costs, s) for order in pipeline.orders for kind, s, _ in order
+                    if kind in PASSES)
     rules = rules_placement(pipeline.run("prefire"))
     rules_run = pipeline.run("placed", rules)
-    row.update(rules_s=rules_run.step_s, rules_held=max(held_ahead(rules_run)), rules_placement=rules,
-               hidden={"rules": hidden(rules_run.step_s), "max": min(1.0, hidden(row["floor_s"]))
-                       if lazy > 0 else None})
+    row: Dict[str, Any] = {
+        "schedule": schedule, "ranks": world, "micro_batches": 2 * world, "max_held": max_held,
+        "ratios": list(ratios) if ratios else None, "session_s": session.step_s, "none_s": none.step_s,
+        "recompute_s": session.step_s - free.step_s, "overhead_s": free.step_s - none.step_s,
+        "floor_s": floor_s(pipeline), "oracle_s": oracle(pipeline)[0], "rules_s": rules_run.step_s,
+        "search_s": None, "rules_held": max(held_ahead(rules_run)), "search_held": None,
+        "waits_over_recompute": min(1.0, sum(session.wait_s) / recompute) if recompute else None,
+        "rules_placement": rules}
     if searched:
         placement, found = search(pipeline, rules, max_held)
         row.update(search_s=found.step_s, search_held=max(held_ahead(found)), placement=placement)
-        row["hidden"]["search"] = hidden(found.step_s)
+    for name, step in (("rules", row["rules_s"]), ("search", row["search_s"]), ("max", row["floor_s"]),
+                       ("oracle", row["oracle_s"])):
+        row[f"h_{name}"] = hidden_over(session.step_s, step, session.step_s - none.step_s)
+        row[f"h_{name}_recompute"] = hidden_over(session.step_s, step, row["recompute_s"])
+    row.update(joint_s=None, joint_peak_fraction=None, joint=None)
+    if joint is not None:
+        _, measured = plan_costs(joint.sweep, selective=True)
+        sweep_cfg = joint.sweep["config"]
+        blocks = rank_plan_blocks(measured, SCHEDULES[sweep_cfg["schedule"]][1] * sweep_cfg["world"], schedule,
+                                  world, joint.bandwidth)
+        if not joint.offload:
+            blocks = [(rank, [prefire.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in rank_blocks])
+                      for rank, rank_blocks in blocks]
+        row["joint"] = joint_plan(pipeline, blocks, joint.fraction, joint.max_replays)
+        row.update(joint_s=row["joint"]["joint_s"], joint_peak_fraction=row["joint"]["joint_peak_fraction"])
+    if row["h_max"] is not None:  # the floor leaves out waits no checkpointing has too (Note [Where ...])
+        row["h_max"] = min(1.0, row["h_max"])
     return row

@@ -110,7 +110,7 @@ def held_ahead(result: Replay) -> List[int]:
     return out
 
 
-def _objective(result: Replay) -> Tuple[float, float]:
+def objective(result: Replay) -> Tuple[float, float]:
     return (round(result.step_s, 9),
             sum(e[4] for events in result.events for e in events if e[0] in ("F",) + PASSES))
 
@@ -148,7 +148,7 @@ def search(pipeline: Pipeline, start: Optional[Placement] = None, max_held: Opti
     current = pipeline.run("placed", placement)
     if not fits(current):
         placement, current = {}, pipeline.run("placed", {})
-    best = _objective(current)
+    best = objective(current)
     for _ in range(sweeps):
         moved = 0
         for order in pipeline.orders:
@@ -164,15 +164,15 @@ def search(pipeline: Pipeline, start: Optional[Placement] = None, max_held: Opti
                     chosen = None
                     if had:  # back into its pass
                         result = pipeline.run("placed", rest)
-                        if _objective(result) < best:
-                            best, chosen = _objective(result), (rest, result)
+                        if objective(result) < best:
+                            best, chosen = objective(result), (rest, result)
                     points = [order[i] for i in range(first, last + 1)
                               if every_point or i == last or order[i][0] == "W" or current.waited.get(order[i], 0) > 0]
                     for point in points:
                         trial = copy.deepcopy(rest)
                         trial.setdefault(point, []).append((stage, mb, 1))
                         result = pipeline.run("placed", trial)
-                        got = _objective(result)
+                        got = objective(result)
                         if got < best and fits(result):
                             best, chosen = got, (trial, result)
                     if chosen is not None:

@@ -11,7 +11,7 @@ from pipeline_bench.config import SCHEDULES, stage_rank
 from prefire.pipelining.plans import rank_blocks, rank_items, stage_plans
 
 from .measured import measured_costs
-from .plan_search import Bandwidth, _with_plan, directions, with_bandwidth
+from .plan_search import Bandwidth, with_plan, directions, with_bandwidth
 from .predict import measured_stage, scaled_costs
 from .replay import overlaps, rank_orders, replay
 
@@ -30,7 +30,7 @@ from .replay import overlaps, rank_orders, replay
 # without it (recompute-only); where a plan cannot hold the budget (less than
 # the least it holds), it is planned at its least, as the pipeline program's
 # sweep does, and the row says it does not fit. Both plans, and no checkpointing, are replayed
-# on the W-rank timeline with scaled costs (``_with_plan``: none's durations
+# on the W-rank timeline with scaled costs (``with_plan``: none's durations
 # plus session's extra in the share of recomputation a plan's blocks
 # recompute; an offloaded block's share is its copies' exposed seconds). The
 # copies take what the run's tier measured or, with a bandwidth per direction,
@@ -40,17 +40,29 @@ from .replay import overlaps, rank_orders, replay
 # ranks).
 
 
-def _plan_costs(summary: Dict[str, Any]) -> Tuple[str, Dict[int, List[Dict[str, Any]]]]:
-    """The first plan-offload run's name and its block costs by measured stage (fields by name)."""
-    for name, mode in summary["modes"].items():
-        if name.split(" ")[0] == "plan-offload":
-            by_stage: Dict[int, List[Dict[str, Any]]] = {}
-            for rank in mode["ranks"]:
-                for fields in rank["plan_costs"]:
-                    by_stage.setdefault(fields["group"], []).append(dict(fields))
-            return name, by_stage
-    raise ValueError("pipeline_sim: predict-plans needs a sweep with a plan-offload run "
-                     "(python -m pipeline_bench.sweep --offload)")
+def _by_stage(mode: Dict[str, Any]) -> Dict[int, List[Dict[str, Any]]]:
+    by_stage: Dict[int, List[Dict[str, Any]]] = {}
+    for rank in mode["ranks"]:
+        for fields in rank["plan_costs"]:
+            by_stage.setdefault(fields["group"], []).append(dict(fields))
+    return by_stage
+
+
+def plan_costs(summary: Dict[str, Any], selective: bool = False) -> Tuple[str, Dict[int, List[Dict[str, Any]]]]:
+    """The first plan-offload run's name and its block costs by measured
+    stage (fields by name); ``selective``: with the selective fields of the
+    sweep's first plan-selective run, where it has one."""
+    runs = {name.split(" ")[0]: mode for name, mode in reversed(list(summary["modes"].items()))}
+    if "plan-offload" not in runs:
+        raise ValueError("pipeline_sim: predicting plans needs a sweep with a plan-offload run "
+                         "(python -m pipeline_bench.sweep --offload)")
+    by_stage = _by_stage(runs["plan-offload"])
+    if selective and "plan-selective" in runs:
+        for stage, blocks in _by_stage(runs["plan-selective"]).items():
+            for fields, chosen in zip(by_stage[stage], blocks):
+                fields.update({k: v for k, v in chosen.items() if k.startswith("selective_")})
+    name = next(n for n in summary["modes"] if n.split(" ")[0] == "plan-offload")
+    return name, by_stage
 
 
 def _bandwidth_of(costs: Sequence[Any]) -> Tuple[float, float]:
@@ -59,6 +71,25 @@ def _bandwidth_of(costs: Sequence[Any]) -> Tuple[float, float]:
     each_way = statistics.median(2 * c.offload_moved_bytes / c.offload_seconds for c in costs
                                  if c.offload_bytes >= 0 and c.offload_seconds > 0)
     return each_way, each_way
+
+
+def rank_plan_blocks(measured: Dict[int, List[Dict[str, Any]]], measured_stages: int, schedule: str, world: int,
+                     bandwidth: Bandwidth = 0.0) -> List[Tuple[int, List[Any]]]:
+    """Per rank of ``schedule`` on ``world`` ranks (micro-batches 2W): its
+    blocks, each costing what the block of the measured stage in its
+    position did (``measured``: block costs by measured stage, fields by
+    name), with their lifetimes over the rank's actions (Note [Predicting
+    plans on more ranks]); ``bandwidth``: the copies at an assumed tier's."""
+    n_stages, micro_batches = SCHEDULES[schedule][1] * world, 2 * world
+    orders, rank_of = rank_orders(schedule, world, micro_batches), stage_rank(schedule, world)
+    out = []
+    for rank in range(world):
+        stages = sorted(s for s in range(n_stages) if rank_of(s) == rank)
+        blocks = [prefire.BlockCost.from_dict(dict(fields, group=stage)) for stage in stages
+                  for fields in measured[measured_stage(stage, n_stages, measured_stages)]]
+        blocks = rank_blocks(blocks, orders[rank], micro_batches)
+        out.append((rank, with_bandwidth(blocks, bandwidth) if min(directions(bandwidth)) > 0 else blocks))
+    return out
 
 
 def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float],
@@ -71,7 +102,7 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
     as the run's tier measured)."""
     cfg = summary["config"]
     schedule = cfg["schedule"]
-    run, measured = _plan_costs(summary)
+    run, measured = plan_costs(summary)
     measured_stages = SCHEDULES[schedule][1] * cfg["world"]
     n_stages, micro_batches = SCHEDULES[schedule][1] * world, 2 * world
     orders, groups = rank_orders(schedule, world, micro_batches), overlaps(schedule, world, micro_batches)
@@ -80,20 +111,12 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
     release = prefire.Release.AT_STEP_END
     assumed = min(directions(bandwidth)) > 0
 
-    ranks = []  # per rank: its blocks with and without offloading offered
-    for rank in range(world):
-        stages = sorted(s for s in range(n_stages) if rank_of(s) == rank)
-        blocks = [prefire.BlockCost.from_dict(dict(fields, group=stage)) for stage in stages
-                  for fields in measured[measured_stage(stage, n_stages, measured_stages)]]
-        blocks = rank_blocks(blocks, orders[rank], micro_batches)
-        if assumed:
-            blocks = with_bandwidth(blocks, bandwidth)
-        recompute_only = [prefire.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in blocks]
-        ranks.append((rank, blocks, recompute_only))
+    ranks = [(rank, blocks, [prefire.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in blocks])
+             for rank, blocks in rank_plan_blocks(measured, measured_stages, schedule, world, bandwidth)]
     all_blocks = [b for _, blocks, _ in ranks for b in blocks]
 
     def step(options: List[List[Any]]) -> float:
-        return replay(orders, rank_of, n_stages, _with_plan(costs, all_blocks, options), "plan", groups).step_s
+        return replay(orders, rank_of, n_stages, with_plan(costs, all_blocks, options), "plan", groups).step_s
 
     none_s = replay(orders, rank_of, n_stages, costs, "none", groups).step_s
     rows = []

@@ -74,7 +74,7 @@ def _plan_bytes(blocks: Sequence[Any], choices: Sequence[Any]) -> int:
     return prefire.describe_plan(list(blocks), list(choices), 0, 0, prefire.Release.AT_STEP_END).peak_bytes
 
 
-def _with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[Any]]) -> Costs:
+def with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[Any]]) -> Costs:
     """``costs`` with a mode "plan": per stage and micro-batch (``options``:
     per micro-batch, a choice per block), none's durations plus session's
     extra in the share of the stage's recomputation the plan recomputes
@@ -109,7 +109,7 @@ def search(summary: Dict[str, Any], bandwidth: Bandwidth = 0.0) -> List[Dict[str
     rank_of = stage_rank(schedule, world)
 
     def step(blocks: Sequence[Any], options: Sequence[Sequence[Any]]) -> float:
-        return replay(orders, rank_of, n_stages, _with_plan(costs, blocks, options), "plan", groups).step_s
+        return replay(orders, rank_of, n_stages, with_plan(costs, blocks, options), "plan", groups).step_s
 
     rows = []
     for name, mode in summary["modes"].items():

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from pipeline_bench.config import stage_rank
+from pipeline_sim.oracle import fill, oracle, shortened, without_recompute
 from pipeline_sim.place import floor_s, held_ahead, rules_placement, search
 from pipeline_sim.replay import Costs, Pipeline, overlaps, rank_orders
 
@@ -119,3 +120,50 @@ def test_the_search_ends_no_later_than_the_rules_and_keeps_its_cap(schedule, wor
     assert max(held_ahead(capped)) <= 1
     nothing, none_ahead = search(p, rules, max_held=0)
     assert nothing == {} and none_ahead.step_s == pytest.approx(p.run("session").step_s)
+
+
+# The oracle and the step's own recomputation (Note [The oracle fill and the recomputation's own time])
+
+
+def test_the_oracle_hides_what_the_wait_before_a_pass_holds_and_no_more():
+    """One micro-batch on 1F1B: rank 0 waits 1.0 for its gradient and holds
+    1.5 of recomputation (two checkpoints of 0.75): the oracle hides 1.0,
+    the rest stays in the pass, and the step lands on the floor."""
+    p = Pipeline(rank_orders("1f1b", 2, 1), stage_rank("1f1b", 2), 2,
+                 costs_of(2, f=0.5, b=2.0, w=0.0, checkpoint=0.75, checkpoints=2, latency=0.0, overhead=0.0))
+    p.costs.checkpoints[1] = 0
+    p.costs.action["session"][("BW", 1)] = p.costs.action["none"][("BW", 1)]
+    session = p.run("session")
+    assert session.waited[("BW", 0, 0)] == pytest.approx(1.0)  # rank 1: F 0.5, BW 0.5 (2.0 less 1.5 recomputed)
+    oracle_s, hidden = oracle(p)
+    assert hidden == {(0, 0): pytest.approx(1.0)}
+    assert oracle_s == pytest.approx(session.step_s - 1.0) == pytest.approx(floor_s(p))
+
+
+@pytest.mark.parametrize("schedule, world", [("zbv", 2), ("zbv", 4), ("interleaved-zb", 4), ("dualpipev", 4),
+                                             ("interleaved-1f1b", 4), ("1f1b", 4)])
+def test_the_oracle_is_a_step_its_waits_hold_between_the_floor_and_session(schedule, world):
+    """What the oracle hides fits the waits of its own replay (EDF meets
+    every piece), and its step lies between the floor and session's."""
+    p = pipeline(schedule, world, skew=0.2)
+    oracle_s, hidden = oracle(p)
+    assert floor_s(p) - 1e-9 <= oracle_s <= p.run("session").step_s + 1e-9
+    replayed = Pipeline(p.orders, p.stage_rank, p.n_stages, shortened(p, hidden), p.groups).run("session")
+    assert replayed.step_s == pytest.approx(oracle_s)
+    held = fill(p, replayed, hidden)
+    assert all(held.get(key, 0.0) >= want - 1e-9 for key, want in hidden.items())
+    assert sum(hidden.values()) > 0
+
+
+def test_a_sessions_cost_beyond_recomputation_is_what_replaying_without_it_leaves_above_none():
+    """Session mode's passes hold their recomputation and, here, 0.2 more per
+    pass (its hooks); replayed without the recomputation, the step is none's
+    plus that 0.2 on every backward of the critical path."""
+    p = Pipeline(rank_orders("1f1b", 2, 1), stage_rank("1f1b", 2), 2,
+                 costs_of(2, f=1.0, b=3.0, w=0.0, latency=0.0, overhead=0.0))
+    assert without_recompute(p).step_s == pytest.approx(p.run("none").step_s)
+    for stage in (0, 1):
+        p.costs.action["session"][("BW", stage)] += 0.2
+    free = without_recompute(p)
+    assert free.step_s == pytest.approx(p.run("none").step_s + 0.4)  # BW 1 then BW 0, one after the other
+    assert p.run("session").step_s - free.step_s == pytest.approx(2.0)  # each BW's two checkpoints of 0.5

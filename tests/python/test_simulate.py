@@ -15,6 +15,7 @@ from pipeline_bench.model import ModelConfig
 from pipeline_bench.config import stage_rank
 from pipeline_sim.measured import measured_slack, step_costs, validate
 from pipeline_sim.predict import predict, scaled_steps
+from pipeline_sim.ratios import with_ratios
 from prefire.pipelining.placement import check_placement_file, rank_placement
 from pipeline_sim.replay import Costs, overlaps, rank_orders, replay
 
@@ -226,11 +227,17 @@ def test_place_compares_the_rules_the_search_and_the_floor_on_a_measured_run(tin
     run_path.write_text(json.dumps(tiny_run))
     assert simulate.main(["place", str(run_path), "--ranks", "2", "--schedules", "zbv,dualpipev",
                           "--search-ranks", "2", "--json", str(out)]) == 0
-    assert "H search" in capsys.readouterr().out
+    assert "H rules" in capsys.readouterr().out
     rows = json.loads(out.read_text())
-    assert [(r["schedule"], r["world"]) for r in rows] == [("zbv", 2), ("dualpipev", 2)]
+    assert [(r["schedule"], r["ranks"]) for r in rows] == [("zbv", 2), ("dualpipev", 2)]
     for row in rows:  # whatever the tiny run's noise: the search starts from the rules, and nothing beats the floor
         assert row["floor_s"] <= row["search_s"] + 1e-9 <= row["rules_s"] + 2e-9, row
+        assert row["floor_s"] <= row["oracle_s"] + 1e-9 and row["oracle_s"] <= row["session_s"] + 1e-9, row
+        # the fields a reader checks the targets from, named as the issue asked
+        assert {"schedule", "ranks", "h_rules", "h_search", "h_max", "h_oracle", "floor_s", "session_s", "none_s",
+                "joint_s", "joint_peak_fraction", "recompute_s", "overhead_s"} <= set(row), row
+        assert row["joint_s"] is None and row["joint_peak_fraction"] is None  # no --plan-sweep
+        assert row["recompute_s"] + row["overhead_s"] == pytest.approx(row["session_s"] - row["none_s"])
     # the search's placement, for the pipeline program: one schedule and rank count, every rank's fits its order
     placed = tmp_path / "placed.json"
     assert simulate.main(["place", str(run_path), "--ranks", "2", "--schedules", "zbv,dualpipev",
@@ -261,9 +268,10 @@ def test_place_prints_a_dash_for_h_where_the_replayed_recomputation_takes_no_tim
     assert simulate.main(["place", str(run_path), "--ranks", "2", "--schedules", "zbv", "--search-ranks", "2",
                           "--json", str(out)]) == 0
     row, = json.loads(out.read_text())
-    assert row["session_s"] <= row["none_s"] and row["hidden"] == {"rules": None, "max": None, "search": None}
+    assert row["session_s"] <= row["none_s"]
+    assert [row[f"h_{k}"] for k in ("rules", "search", "oracle", "max")] == [None] * 4, row
     line, = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("zbv")]
-    assert line.split()[2:5] == ["-", "-", "-"], line
+    assert line.split()[2:6] == ["-", "-", "-", "-"], line
 
 
 def test_a_full_backward_on_a_stage_that_splits_others_is_shortened_by_its_own_recomputation():
@@ -310,3 +318,22 @@ def test_a_sweep_written_with_costs_by_position_is_refused_with_a_message():
     rank["plan_costs"] = [{"saved_bytes": 100, "input_bytes": 10, "recompute_seconds": 1.0}]
     with pytest.raises(ValueError, match="missing field"):
         _plan_of(rank)
+
+
+def test_durations_at_another_machines_ratios_keep_forward_and_put_the_recomputation_where_it_ran():
+    """Note [Durations at another machine's ratios]: F as measured; B, W and
+    a micro-batch's recomputation at the ratios; session's recomputation in
+    the pass that held it (stage 0: W, as a first stage's), torch's in both."""
+    costs = uniform(2, 2.0, 4.0)
+    costs.action["none"].update({("B", 0): 0.5, ("W", 0): 1.0, ("B", 1): 0.5, ("W", 1): 1.0})
+    costs.action["session"].update({("B", 0): 0.5, ("W", 0): 2.0, ("B", 1): 1.5, ("W", 1): 1.0})
+    costs.checkpoints.update({0: 2, 1: 2})
+    at = with_ratios(costs, (1.5, 0.5, 0.25))
+    f = costs.action["none"][("F", 1)]
+    recompute = 0.25 * (1 + 1.5 + 0.5) * f
+    assert at.action["none"][("F", 1)] == f and at.action["none"][("B", 1)] == pytest.approx(1.5 * f)
+    assert at.action["session"][("B", 1)] == pytest.approx(1.5 * f + recompute)
+    assert at.action["session"][("W", 1)] == pytest.approx(0.5 * f)
+    assert at.action["session"][("W", 0)] == pytest.approx(0.5 * f + recompute)  # stage 0 recomputed in W
+    assert at.action["torch"][("W", 1)] == pytest.approx(0.5 * f + recompute)
+    assert at.checkpoint[1] == pytest.approx(recompute / 2)

@@ -1,0 +1,178 @@
+"""The joint plan (``python -m pipeline_sim place --plan-sweep``): keep,
+recompute, selective or offload, per rank, block and micro-batch, chosen by
+the replayed step under each rank's budget.
+
+Note [The joint plan]
+A rank's memory plan (Note [A pipeline rank's memory plan]) takes the least
+recomputation that holds its budget, by the planner's count, blind to when
+each pass runs: a second of recomputation costs it the same on a critical
+rank's steady state as in a cool-down that waits anyway, and it compares
+offloading with recomputing by seconds alone. The joint plan chooses by
+the replayed step (Note [What the simulator replays]; a plan's passes as
+Note [Searching per-block plans] replays them: none's durations plus the
+share of session's recomputation its blocks recompute, an offloaded
+block's its copies' exposed seconds):
+
+1. It starts from the better replayed of the planner's own plans at the
+   budget: offered every choice, and offered no offload (recompute only).
+2. It moves an item (one block on one micro-batch) to another choice it is
+   offered, or swaps the choices of one stage's block on two micro-batches
+   (moving recomputation to a micro-batch whose pass has room), keeping a move
+   when every rank still holds its budget by the planner's count
+   (``describe_plan``) and the replayed step ends earlier, or ends as early
+   with the ranks' passes ending earlier in sum (``objective``).
+3. It stops when a sweep over every item keeps nothing, or after
+   ``max_replays`` replays.
+
+Its recomputation runs in its passes; where it runs ahead is the filler's
+at run time (Note [Filling bubbles]), so the joint step is what the plan
+costs before any prefire. Each rank's budget is ``fraction`` of what
+keeping every item holds on it by the planner's count (at least the least
+it can hold); the peak fraction is the largest rank's peak over the
+largest rank's keep-everything peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence, Tuple
+
+import prefire
+from prefire.pipelining.plans import rank_items
+
+from .place import objective
+from .plan_search import with_plan
+from .replay import Pipeline, Replay
+
+RELEASE = prefire.Release.AT_STEP_END
+
+
+@dataclass
+class _Rank:
+    """One rank's items, what each may choose and where each sits in the
+    plan's per-micro-batch options."""
+
+    items: List[Any]
+    offset: int                                    # the rank's first block among every rank's
+    budget: int
+    keep_bytes: int
+    holds: bool                                    # the least it can hold is within fraction x keep_bytes
+    slots: List[Tuple[int, int]] = field(default_factory=list)   # per item: (block in the rank, micro-batch)
+    offered: List[List[Any]] = field(default_factory=list)
+
+    def fits(self, choices: Sequence[Any]) -> bool:
+        return prefire.describe_plan(self.items, list(choices), 0, 0, RELEASE).peak_bytes <= self.budget
+
+    def peak(self, choices: Sequence[Any]) -> int:
+        return prefire.describe_plan(self.items, list(choices), 0, 0, RELEASE).peak_bytes
+
+
+def _ranks(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], fraction: float) -> List[_Rank]:
+    micro_batches = 1 + max(mb for order in pipeline.orders for _, _, mb in order)
+    out, offset = [], 0
+    for rank, rank_blocks in blocks:
+        items = rank_items(rank_blocks, pipeline.orders[rank], micro_batches)
+        keep = prefire.describe_plan(items, [prefire.Choice.KEEP] * len(items), 0, 0, RELEASE).peak_bytes
+        least = prefire.least_plan_bytes(items, RELEASE)
+        r = _Rank(items, offset, max(int(fraction * keep), least), keep, least <= int(fraction * keep))
+        start = 0
+        while start < len(rank_blocks):  # items: stage by stage, then micro-batch, then block
+            end = start
+            while end < len(rank_blocks) and rank_blocks[end].group == rank_blocks[start].group:
+                end += 1
+            r.slots += [(b, mb) for mb in range(micro_batches) for b in range(start, end)]
+            start = end
+        r.offered = [prefire.offered_choices(item) for item in items]
+        out.append(r)
+        offset += len(rank_blocks)
+    return out
+
+
+class _Search:
+    """The replays of one joint plan search (Note [The joint plan])."""
+
+    def __init__(self, pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], fraction: float,
+                 max_replays: int) -> None:
+        self.pipeline, self.max_replays, self.replays = pipeline, max_replays, 0
+        self.ranks = _ranks(pipeline, blocks, fraction)
+        self.blocks = [b for _, rank_blocks in blocks for b in rank_blocks]
+        self.micro_batches = 1 + max(mb for order in pipeline.orders for _, _, mb in order)
+
+    def run(self, choices: List[List[Any]]) -> Replay:
+        self.replays += 1
+        options = [[prefire.Choice.KEEP] * len(self.blocks) for _ in range(self.micro_batches)]
+        for r, rank_choices in zip(self.ranks, choices):
+            for (block, mb), choice in zip(r.slots, rank_choices):
+                options[mb][r.offset + block] = choice
+        costs = with_plan(self.pipeline.costs, self.blocks, options)
+        return Pipeline(self.pipeline.orders, self.pipeline.stage_rank, self.pipeline.n_stages, costs,
+                        self.pipeline.groups).run("plan")
+
+    def planner(self, offload: bool) -> List[List[Any]]:
+        """Per rank, the planner's choices at its budget (``offload``: offered)."""
+        out = []
+        for r in self.ranks:
+            items = r.items if offload else [prefire.BlockCost.from_dict(dict(i.to_dict(), offload_bytes=-1))
+                                             for i in r.items]
+            out.append(list(prefire.plan_for_budget(items, r.budget, RELEASE).choices))
+        return out
+
+    def moves(self, rank: int, choices: List[Any]):
+        """Single moves, then the swaps of rule 2, as (item, choice) lists."""
+        r = self.ranks[rank]
+        for i, offered in enumerate(r.offered):
+            for c in offered:
+                if c != choices[i]:
+                    yield [(i, c)]
+        by_block: Dict[int, List[int]] = {}
+        for i, (block, _) in enumerate(r.slots):
+            by_block.setdefault(block, []).append(i)
+        for items in by_block.values():
+            for n, i in enumerate(items):
+                for j in items[n + 1:]:
+                    if choices[i] != choices[j]:
+                        yield [(i, choices[j]), (j, choices[i])]
+
+    def improve(self, choices: List[List[Any]]) -> Tuple[List[List[Any]], Replay]:
+        """Rules 2 and 3 from ``choices`` (changed in place: the moves read the current ones)."""
+        current = self.run(choices)
+        best = objective(current)
+        improved = True
+        while improved and self.replays < self.max_replays:
+            improved = False
+            for rank, r in enumerate(self.ranks):
+                for move in self.moves(rank, choices[rank]):
+                    if self.replays >= self.max_replays:
+                        break
+                    trial = list(choices[rank])
+                    for i, c in move:
+                        trial[i] = c
+                    if trial == choices[rank] or not r.fits(trial):
+                        continue
+                    result = self.run(choices[:rank] + [trial] + choices[rank + 1:])
+                    if objective(result) < best:
+                        choices[rank][:] = trial
+                        current, best, improved = result, objective(result), True
+        return choices, current
+
+
+def joint_plan(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], fraction: float,
+               max_replays: int = 3000) -> Dict[str, Any]:
+    """The joint plan at ``fraction`` of each rank's keep-everything bytes
+    (Note [The joint plan]); ``blocks``: per rank, its blocks with their
+    lifetimes (``rank_plan_blocks``)."""
+    search = _Search(pipeline, blocks, fraction, max_replays)
+    starts = {"planner": search.planner(True), "recompute_only": search.planner(False)}
+    start_s = {name: search.run(choices).step_s for name, choices in starts.items()}
+    first = min(starts, key=lambda name: start_s[name])
+    choices, result = search.improve(starts[first])
+    peaks = [r.peak(c) for r, c in zip(search.ranks, choices)]
+    counts: Dict[str, int] = {}
+    for rank_choices in choices:
+        for c in rank_choices:
+            counts[c.name] = counts.get(c.name, 0) + 1
+    return {"joint_s": result.step_s, "joint_peak_fraction": max(peaks) / max(r.keep_bytes for r in search.ranks),
+            "planner_s": start_s["planner"], "recompute_only_s": start_s["recompute_only"], "started_from": first,
+            "fraction": fraction, "budgets": [r.budget for r in search.ranks], "peaks": peaks,
+            "choices": counts, "replays": search.replays,
+            "fits": all(r.holds for r in search.ranks)}

@@ -1,0 +1,81 @@
+"""The joint plan (pipeline_sim.joint; Note [The joint plan]): keep,
+recompute, selective or offload per rank, block and micro-batch, chosen by
+the replayed step within each rank's budget."""
+
+import pytest
+
+import prefire
+from pipeline_bench.config import stage_rank
+from prefire.pipelining.plans import rank_items
+from pipeline_sim.joint import joint_plan
+from pipeline_sim.plan_predict import rank_plan_blocks
+from pipeline_sim.replay import Costs, Pipeline, overlaps, rank_orders
+
+
+def costs_of(n_stages, f=1.0, b=2.0, w=1.0, checkpoint=0.5, checkpoints=2, skew=0.1):
+    """Session's passes hold two checkpoints of 0.5 (in B, or a full
+    backward) beyond none's; stage s takes ``1 + skew * s`` times the
+    others."""
+    def table(recompute):
+        out = {}
+        for s in range(n_stages):
+            k = 1.0 + skew * s
+            out.update({("F", s): f * k, ("B", s): b * k + recompute, ("W", s): w * k,
+                        ("BW", s): (b + w) * k + recompute})
+        return out
+
+    recompute = checkpoint * checkpoints
+    return Costs({"none": table(0.0), "torch": table(recompute), "session": table(recompute)},
+                 {s: checkpoint for s in range(n_stages)}, {s: checkpoints for s in range(n_stages)}, 0.01, 0.01)
+
+
+def measured_blocks(copy_seconds, selective=True):
+    """Two blocks per measured stage (ZBV on 2 ranks: 4 stages): 1 MiB saved,
+    0.5 s to recompute, offloadable (64 KiB left) at ``copy_seconds``, and
+    selectively (half the bytes, 0.2 s)."""
+    block = prefire.BlockCost(saved_bytes=1 << 20, input_bytes=1 << 16, recompute_seconds=0.5,
+                              offload_bytes=1 << 16, offload_moved_bytes=1 << 20, offload_seconds=copy_seconds,
+                              selective_bytes=(1 << 19) if selective else -1, selective_seconds=0.2)
+    return {s: [block.to_dict(), block.to_dict()] for s in range(4)}
+
+
+def pipeline(schedule, world):
+    n_stages = 2 * world
+    return Pipeline(rank_orders(schedule, world, 2 * world), stage_rank(schedule, world), n_stages,
+                    costs_of(n_stages), overlaps(schedule, world, 2 * world))
+
+
+@pytest.mark.parametrize("schedule, world", [("zbv", 4), ("dualpipev", 4), ("interleaved-zb", 4)])
+def test_the_joint_plan_holds_every_ranks_budget_and_ends_before_the_planners_own_plans(schedule, world):
+    """The planner takes the least recomputation, blind to when its passes
+    run; the joint plan moves recomputation to micro-batches whose passes
+    have room and ends the step earlier than both of the planner's plans,
+    every rank within its budget by the planner's count."""
+    p = pipeline(schedule, world)
+    row = joint_plan(p, rank_plan_blocks(measured_blocks(2.0), 4, schedule, world), 0.5)
+    assert row["fits"] and all(peak <= budget for peak, budget in zip(row["peaks"], row["budgets"])), row
+    assert row["joint_peak_fraction"] <= 0.5
+    assert row["joint_s"] < min(row["planner_s"], row["recompute_only_s"]) - 1e-9, row
+    assert row["joint_s"] >= p.run("none").step_s - 1e-9
+
+
+def test_the_joint_plan_offloads_over_a_fast_tier_and_recomputes_as_the_link_slows():
+    p = pipeline("zbv", 4)
+    fast = joint_plan(p, rank_plan_blocks(measured_blocks(0.1), 4, "zbv", 4), 0.5)
+    slow = joint_plan(p, rank_plan_blocks(measured_blocks(2.0), 4, "zbv", 4), 0.5)
+    assert fast["choices"].get("OFFLOAD", 0) > 0 and fast["joint_s"] < slow["joint_s"], (fast, slow)
+    assert "OFFLOAD" not in slow["choices"] and slow["choices"].get("CHECKPOINT", 0) > 0, slow
+    # the same switch by an assumed tier's bandwidth: 1 MiB each way at 1 GB/s is 2 ms, at 100 kB/s 21 s
+    measured = measured_blocks(0.1)
+    assert joint_plan(p, rank_plan_blocks(measured, 4, "zbv", 4, bandwidth=1e9), 0.5)["choices"].get("OFFLOAD", 0)
+    assert "OFFLOAD" not in joint_plan(p, rank_plan_blocks(measured, 4, "zbv", 4, bandwidth=1e5), 0.5)["choices"]
+
+
+def test_a_budget_below_what_a_rank_can_hold_is_planned_at_its_least_and_said():
+    p = pipeline("zbv", 2)
+    blocks = rank_plan_blocks(measured_blocks(2.0, selective=False), 4, "zbv", 2)
+    row = joint_plan(p, blocks, 0.01)
+    least = [prefire.least_plan_bytes(rank_items(b, p.orders[rank], 4), prefire.Release.AT_STEP_END)
+             for rank, b in blocks]
+    assert not row["fits"] and row["budgets"] == least, row
+    assert all(peak <= budget for peak, budget in zip(row["peaks"], row["budgets"])), row
