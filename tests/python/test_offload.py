@@ -421,6 +421,13 @@ def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradi
     path = tmp_path_factory.mktemp("predict") / "sweep.json"
     path.write_text(json.dumps(summary))
     assert simulate(["predict-plans", str(path), "--ranks", "4", "--fractions", "0.5"]) == 0
+    # the joint plan from the same sweep's costs (Note [The joint plan]): within half of what keeping all holds
+    out = path.parent / "place.json"
+    assert simulate(["place", str(path), "--ranks", "2", "--schedules", "zbv", "--search-ranks", "0",
+                     "--plan-sweep", str(path), "--json", str(out)]) == 0
+    row, = json.loads(out.read_text())
+    assert row["joint"]["fits"] and row["joint_peak_fraction"] <= 0.5 and row["h_search"] is None, row
+    assert row["joint_s"] <= min(row["joint"]["planner_s"], row["joint"]["recompute_only_s"]) + 1e-12, row
 
 
 def test_a_paced_tier_takes_its_bandwidths_time_per_copy(tmp_path):
