@@ -85,6 +85,6 @@ def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = 
                       for rank, rank_blocks in blocks]
         row["joint"] = joint_plan(pipeline, blocks, joint.fraction, joint.max_replays)
         row.update(joint_s=row["joint"]["joint_s"], joint_peak_fraction=row["joint"]["joint_peak_fraction"])
-    if row["h_max"] is not None:  # the floor leaves out waits no checkpointing has too (Note [Where ...])
+    if row["h_max"] is not None:  # the floor leaves out waits no checkpointing has too (place.py)
         row["h_max"] = min(1.0, row["h_max"])
     return row

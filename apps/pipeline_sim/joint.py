@@ -149,7 +149,9 @@ class _Search:
                         trial[i] = c
                     if trial == choices[rank] or not r.fits(trial):
                         continue
-                    result = self.run(choices[:rank] + [trial] + choices[rank + 1:])
+                    candidate = list(choices)  # every rank's choices, this rank's the trial
+                    candidate[rank] = trial
+                    result = self.run(candidate)
                     if objective(result) < best:
                         choices[rank][:] = trial
                         current, best, improved = result, objective(result), True
