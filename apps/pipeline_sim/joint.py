@@ -14,7 +14,8 @@ share of session's recomputation its blocks recompute, an offloaded
 block's its copies' exposed seconds):
 
 1. It starts from the better replayed of the planner's own plans at the
-   budget: offered every choice, and offered no offload (recompute only).
+   budget: offered every choice, and offered no offload (recompute only;
+   none where only offloading holds the budget: ``recompute_only_s`` null).
 2. It moves an item (one block on one micro-batch) to another choice it is
    offered, or swaps the choices of one stage's block on two micro-batches
    (moving recomputation to a micro-batch whose pass has room), keeping a move
@@ -35,7 +36,7 @@ largest rank's keep-everything peak.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import prefire
 from prefire.pipelining.plans import rank_items
@@ -60,11 +61,11 @@ class _Rank:
     slots: List[Tuple[int, int]] = field(default_factory=list)   # per item: (block in the rank, micro-batch)
     offered: List[List[Any]] = field(default_factory=list)
 
-    def fits(self, choices: Sequence[Any]) -> bool:
-        return prefire.describe_plan(self.items, list(choices), 0, 0, RELEASE).peak_bytes <= self.budget
-
     def peak(self, choices: Sequence[Any]) -> int:
         return prefire.describe_plan(self.items, list(choices), 0, 0, RELEASE).peak_bytes
+
+    def fits(self, choices: Sequence[Any]) -> bool:
+        return self.peak(choices) <= self.budget
 
 
 def _ranks(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], fraction: float) -> List[_Rank]:
@@ -108,12 +109,16 @@ class _Search:
         return Pipeline(self.pipeline.orders, self.pipeline.stage_rank, self.pipeline.n_stages, costs,
                         self.pipeline.groups).run("plan")
 
-    def planner(self, offload: bool) -> List[List[Any]]:
-        """Per rank, the planner's choices at its budget (``offload``: offered)."""
+    def planner(self, offload: bool) -> Optional[List[List[Any]]]:
+        """Per rank, the planner's choices at its budget (``offload``:
+        offered); None where a rank's budget is below the least a plan
+        without offload holds (only offloading holds it)."""
         out = []
         for r in self.ranks:
             items = r.items if offload else [prefire.BlockCost.from_dict(dict(i.to_dict(), offload_bytes=-1))
                                              for i in r.items]
+            if prefire.least_plan_bytes(items, RELEASE) > r.budget:
+                return None
             out.append(list(prefire.plan_for_budget(items, r.budget, RELEASE).choices))
         return out
 
@@ -165,8 +170,8 @@ def joint_plan(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], frac
     lifetimes (``rank_plan_blocks``)."""
     search = _Search(pipeline, blocks, fraction, max_replays)
     starts = {"planner": search.planner(True), "recompute_only": search.planner(False)}
-    start_s = {name: search.run(choices).step_s for name, choices in starts.items()}
-    first = min(starts, key=lambda name: start_s[name])
+    start_s = {name: search.run(choices).step_s if choices is not None else None for name, choices in starts.items()}
+    first = min((name for name in starts if starts[name] is not None), key=lambda name: start_s[name])
     choices, result = search.improve(starts[first])
     peaks = [r.peak(c) for r, c in zip(search.ranks, choices)]
     counts: Dict[str, int] = {}

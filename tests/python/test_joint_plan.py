@@ -29,12 +29,12 @@ def costs_of(n_stages, f=1.0, b=2.0, w=1.0, checkpoint=0.5, checkpoints=2, skew=
                  {s: checkpoint for s in range(n_stages)}, {s: checkpoints for s in range(n_stages)}, 0.01, 0.01)
 
 
-def measured_blocks(copy_seconds, selective=True):
+def measured_blocks(copy_seconds, selective=True, input_bytes=1 << 16, offload_bytes=1 << 16):
     """Two blocks per measured stage (ZBV on 2 ranks: 4 stages): 1 MiB saved,
-    0.5 s to recompute, offloadable (64 KiB left) at ``copy_seconds``, and
-    selectively (half the bytes, 0.2 s)."""
-    block = prefire.BlockCost(saved_bytes=1 << 20, input_bytes=1 << 16, recompute_seconds=0.5,
-                              offload_bytes=1 << 16, offload_moved_bytes=1 << 20, offload_seconds=copy_seconds,
+    0.5 s to recompute, offloadable (``offload_bytes`` left) at
+    ``copy_seconds``, and selectively (half the bytes, 0.2 s)."""
+    block = prefire.BlockCost(saved_bytes=1 << 20, input_bytes=input_bytes, recompute_seconds=0.5,
+                              offload_bytes=offload_bytes, offload_moved_bytes=1 << 20, offload_seconds=copy_seconds,
                               selective_bytes=(1 << 19) if selective else -1, selective_seconds=0.2)
     return {s: [block.to_dict(), block.to_dict()] for s in range(4)}
 
@@ -78,4 +78,25 @@ def test_a_budget_below_what_a_rank_can_hold_is_planned_at_its_least_and_said():
     least = [prefire.least_plan_bytes(rank_items(b, p.orders[rank], 4), prefire.Release.AT_STEP_END)
              for rank, b in blocks]
     assert not row["fits"] and row["budgets"] == least, row
+    assert all(peak <= budget for peak, budget in zip(row["peaks"], row["budgets"])), row
+
+
+def test_where_only_offloading_holds_the_budget_the_joint_plan_starts_from_the_plan_that_offloads():
+    """Offloading leaves 4 KiB of a block where recomputing keeps its 256 KiB
+    of inputs: a budget between the two least plans has no recompute-only
+    plan."""
+    p = pipeline("zbv", 2)
+    blocks = rank_plan_blocks(measured_blocks(0.1, selective=False, input_bytes=1 << 18, offload_bytes=1 << 12), 4,
+                              "zbv", 2)
+    items = [rank_items(b, p.orders[rank], 4) for rank, b in blocks]
+    release = prefire.Release.AT_STEP_END
+    recompute_least = [prefire.least_plan_bytes([prefire.BlockCost.from_dict(dict(i.to_dict(), offload_bytes=-1))
+                                                 for i in rank], release) for rank in items]
+    keep = [prefire.describe_plan(rank, [prefire.Choice.KEEP] * len(rank), 0, 0, release).peak_bytes
+            for rank in items]
+    fraction = 0.99 * min(least / k for least, k in zip(recompute_least, keep))
+    assert all(prefire.least_plan_bytes(rank, release) <= fraction * k for rank, k in zip(items, keep))
+    row = joint_plan(p, blocks, fraction)
+    assert row["recompute_only_s"] is None and row["started_from"] == "planner" and row["fits"], row
+    assert row["choices"].get("OFFLOAD", 0) > 0
     assert all(peak <= budget for peak, budget in zip(row["peaks"], row["budgets"])), row

@@ -427,7 +427,8 @@ def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradi
                      "--plan-sweep", str(path), "--json", str(out)]) == 0
     row, = json.loads(out.read_text())
     assert row["joint"]["fits"] and row["joint_peak_fraction"] <= 0.5 and row["h_search"] is None, row
-    assert row["joint_s"] <= min(row["joint"]["planner_s"], row["joint"]["recompute_only_s"]) + 1e-12, row
+    starts = [row["joint"][k] for k in ("planner_s", "recompute_only_s") if row["joint"][k] is not None]
+    assert starts and row["joint_s"] <= min(starts) + 1e-12, row
 
 
 def test_a_paced_tier_takes_its_bandwidths_time_per_copy(tmp_path):
