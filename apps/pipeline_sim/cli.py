@@ -39,6 +39,18 @@ def _ratios(text: str) -> Tuple[float, float, float]:
     return parts[0], parts[1], parts[2]
 
 
+def _joint_budget(text: str) -> Union[float, str]:
+    if text == "bubble+stage":
+        return text
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = -1.0
+    if not 0 < fraction <= 1:
+        raise argparse.ArgumentTypeError(f"a joint budget is a fraction in (0, 1] or bubble+stage: {text!r}")
+    return fraction
+
+
 def _read(path: str) -> Dict[str, Any]:
     with open(path) as f:
         return json.load(f)
@@ -77,8 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--plan-sweep", metavar="SWEEP.json",
                     help="a memory sweep with a plan-offload run (python -m pipeline_bench.sweep --offload "
                          "[--selective]): adds the joint plan's step and peak (Note [The joint plan])")
-    pl.add_argument("--joint-budget", type=float, default=0.5, metavar="FRACTION",
-                    help="the joint plan's budget on each rank: this share of what keeping everything holds there")
+    pl.add_argument("--joint-budget", type=_joint_budget, default=0.5, metavar="FRACTION|bubble+stage",
+                    help="the joint plan's budget on each rank: this share of what keeping everything holds there, "
+                         "or what bubble mode holds there plus one stage's activations")
     pl.add_argument("--no-offload", action="store_true", help="the joint plan offered no offloading")
     pl.add_argument("--joint-ranks", type=int, default=16, metavar="N", help="the joint plan up to N ranks")
     pl.add_argument("--bandwidth", type=_gb_per_s, default=0.0, metavar="GB/S[,GB/S]",

@@ -6,12 +6,12 @@ placement at all (the floor) hide, replayed with a measured run's durations
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 import prefire
 from pipeline_bench.config import SCHEDULES, stage_rank
 
-from .joint import joint_plan
+from .joint import bubble_budgets, joint_plan
 from .measured import measured_costs
 from .oracle import hidden_over, oracle, recompute_of, without_recompute
 from .place import PASSES, floor_s, held_ahead, rules_placement, search
@@ -27,11 +27,12 @@ class Joint:
     """What the joint plan is made of: a memory sweep's block costs
     (``python -m pipeline_bench.sweep --offload``, with ``--selective`` for
     selective costs), each rank's budget as a fraction of what keeping
-    everything holds there, the tier's bandwidth (0: as measured), whether
+    everything holds there (or "bubble+stage": what bubble mode holds there
+    plus one stage's activations), the tier's bandwidth (0: as measured), whether
     offloading is offered."""
 
     sweep: Dict[str, Any]
-    fraction: float = 0.5
+    fraction: Union[float, str] = 0.5      # or "bubble+stage" (``bubble_budgets``)
     bandwidth: Bandwidth = 0.0
     offload: bool = True
     max_replays: int = 3000
@@ -83,7 +84,9 @@ def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = 
         if not joint.offload:
             blocks = [(rank, [prefire.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in rank_blocks])
                       for rank, rank_blocks in blocks]
-        row["joint"] = joint_plan(pipeline, blocks, joint.fraction, joint.max_replays)
+        budget = (bubble_budgets(pipeline, blocks, held_ahead(rules_run)) if joint.fraction == "bubble+stage"
+                  else float(joint.fraction))
+        row["joint"] = joint_plan(pipeline, blocks, budget, joint.max_replays)
         row.update(joint_s=row["joint"]["joint_s"], joint_peak_fraction=row["joint"]["joint_peak_fraction"])
     if row["h_max"] is not None:  # the floor leaves out waits no checkpointing has too (place.py)
         row["h_max"] = min(1.0, row["h_max"])

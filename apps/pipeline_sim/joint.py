@@ -27,16 +27,17 @@ block's its copies' exposed seconds):
 
 Its recomputation runs in its passes; where it runs ahead is the filler's
 at run time (Note [Filling bubbles]), so the joint step is what the plan
-costs before any prefire. Each rank's budget is ``fraction`` of what
-keeping every item holds on it by the planner's count (at least the least
-it can hold); the peak fraction is the largest rank's peak over the
-largest rank's keep-everything peak.
+costs before any prefire. Each rank's budget is a fraction of what
+keeping every item holds on it by the planner's count, or bytes per rank
+(``bubble_budgets``: what bubble mode holds plus one stage's activations),
+at least the least it can hold; the peak fraction is the largest rank's
+peak over the largest rank's keep-everything peak.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import prefire
 from prefire.pipelining.plans import rank_items
@@ -46,6 +47,9 @@ from .plan_search import with_plan
 from .replay import Pipeline, Replay
 
 RELEASE = prefire.Release.AT_STEP_END
+
+#: a share of what keeping everything holds on each rank, or bytes per rank
+Budget = Union[float, Sequence[int]]
 
 
 @dataclass
@@ -68,14 +72,15 @@ class _Rank:
         return self.peak(choices) <= self.budget
 
 
-def _ranks(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], fraction: float) -> List[_Rank]:
+def _ranks(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], budget: Budget) -> List[_Rank]:
     micro_batches = 1 + max(mb for order in pipeline.orders for _, _, mb in order)
     out, offset = [], 0
     for rank, rank_blocks in blocks:
         items = rank_items(rank_blocks, pipeline.orders[rank], micro_batches)
         keep = prefire.describe_plan(items, [prefire.Choice.KEEP] * len(items), 0, 0, RELEASE).peak_bytes
         least = prefire.least_plan_bytes(items, RELEASE)
-        r = _Rank(items, offset, max(int(fraction * keep), least), keep, least <= int(fraction * keep))
+        wanted = int(budget * keep) if isinstance(budget, float) else int(budget[rank])
+        r = _Rank(items, offset, max(wanted, least), keep, least <= wanted)
         start = 0
         while start < len(rank_blocks):  # items: stage by stage, then micro-batch, then block
             end = start
@@ -92,10 +97,10 @@ def _ranks(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], fraction
 class _Search:
     """The replays of one joint plan search (Note [The joint plan])."""
 
-    def __init__(self, pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], fraction: float,
+    def __init__(self, pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], budget: Budget,
                  max_replays: int) -> None:
         self.pipeline, self.max_replays, self.replays = pipeline, max_replays, 0
-        self.ranks = _ranks(pipeline, blocks, fraction)
+        self.ranks = _ranks(pipeline, blocks, budget)
         self.blocks = [b for _, rank_blocks in blocks for b in rank_blocks]
         self.micro_batches = 1 + max(mb for order in pipeline.orders for _, _, mb in order)
 
@@ -163,12 +168,30 @@ class _Search:
         return choices, current
 
 
-def joint_plan(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], fraction: float,
+def bubble_budgets(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], held: Sequence[int]) -> List[int]:
+    """Per rank, what bubble mode holds by the planner's count (every item
+    checkpointed, ``held[rank]`` of them recomputed ahead at once: the
+    rules' ``held_ahead``) plus one stage's activations (the rank's largest
+    stage, its blocks kept for one micro-batch)."""
+    micro_batches = 1 + max(mb for order in pipeline.orders for _, _, mb in order)
+    out = []
+    for rank, rank_blocks in blocks:
+        items = rank_items(rank_blocks, pipeline.orders[rank], micro_batches)
+        bubble = prefire.describe_plan(items, [prefire.Choice.CHECKPOINT] * len(items), 0, held[rank],
+                                       RELEASE).peak_bytes
+        stages: Dict[int, int] = {}
+        for b in rank_blocks:
+            stages[b.group] = stages.get(b.group, 0) + b.saved_bytes
+        out.append(bubble + max(stages.values()))
+    return out
+
+
+def joint_plan(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], budget: Budget,
                max_replays: int = 3000) -> Dict[str, Any]:
-    """The joint plan at ``fraction`` of each rank's keep-everything bytes
-    (Note [The joint plan]); ``blocks``: per rank, its blocks with their
-    lifetimes (``rank_plan_blocks``)."""
-    search = _Search(pipeline, blocks, fraction, max_replays)
+    """The joint plan (Note [The joint plan]) within ``budget``: a fraction
+    of each rank's keep-everything bytes, or bytes per rank; ``blocks``: per
+    rank, its blocks with their lifetimes (``rank_plan_blocks``)."""
+    search = _Search(pipeline, blocks, budget, max_replays)
     starts = {"planner": search.planner(True), "recompute_only": search.planner(False)}
     start_s = {name: search.run(choices).step_s if choices is not None else None for name, choices in starts.items()}
     first = min((name for name in starts if starts[name] is not None), key=lambda name: start_s[name])
@@ -180,6 +203,7 @@ def joint_plan(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], frac
             counts[c.name] = counts.get(c.name, 0) + 1
     return {"joint_s": result.step_s, "joint_peak_fraction": max(peaks) / max(r.keep_bytes for r in search.ranks),
             "planner_s": start_s["planner"], "recompute_only_s": start_s["recompute_only"], "started_from": first,
-            "fraction": fraction, "budgets": [r.budget for r in search.ranks], "peaks": peaks,
+            "fraction": budget if isinstance(budget, float) else None,
+            "budgets": [r.budget for r in search.ranks], "peaks": peaks,
             "choices": counts, "replays": search.replays,
             "fits": all(r.holds for r in search.ranks)}

@@ -7,7 +7,8 @@ import pytest
 import prefire
 from pipeline_bench.config import stage_rank
 from prefire.pipelining.plans import rank_items
-from pipeline_sim.joint import joint_plan
+from pipeline_sim.joint import bubble_budgets, joint_plan
+from pipeline_sim.place import held_ahead, rules_placement
 from pipeline_sim.plan_predict import rank_plan_blocks
 from pipeline_sim.replay import Costs, Pipeline, overlaps, rank_orders
 
@@ -100,3 +101,23 @@ def test_where_only_offloading_holds_the_budget_the_joint_plan_starts_from_the_p
     assert row["recompute_only_s"] is None and row["started_from"] == "planner" and row["fits"], row
     assert row["choices"].get("OFFLOAD", 0) > 0
     assert all(peak <= budget for peak, budget in zip(row["peaks"], row["budgets"])), row
+
+
+def test_a_budget_of_bubble_modes_bytes_plus_a_stage_keeps_more_than_checkpointing_everything():
+    """``bubble_budgets``: every item checkpointed with the rules' held
+    prefires, plus the rank's largest stage of blocks kept once; the joint
+    plan there keeps items (it has a stage's room) and ends before session."""
+    p = pipeline("zbv", 4)
+    blocks = rank_plan_blocks(measured_blocks(2.0, selective=False), 4, "zbv", 4)
+    held = held_ahead(p.run("placed", rules_placement(p.run("prefire"))))
+    budgets = bubble_budgets(p, blocks, held)
+    release = prefire.Release.AT_STEP_END
+    for (rank, b), budget in zip(blocks, budgets):
+        items = rank_items(b, p.orders[rank], 8)
+        bubble = prefire.describe_plan(items, [prefire.Choice.CHECKPOINT] * len(items), 0, held[rank],
+                                       release).peak_bytes
+        assert budget == bubble + 2 * (1 << 20)  # a stage: two blocks of 1 MiB
+    row = joint_plan(p, blocks, budgets)
+    assert row["fits"] and row["fraction"] is None and row["choices"].get("KEEP", 0) > 0, row
+    assert row["joint_s"] < p.run("session").step_s
+    assert all(peak <= budget for peak, budget in zip(row["peaks"], budgets))
