@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Union
 
-import prefire
 from pipeline_bench.config import SCHEDULES, stage_rank
 
 from .joint import bubble_budgets, joint_plan
@@ -16,7 +15,7 @@ from .measured import measured_costs
 from .oracle import hidden_over, oracle, recompute_of, without_recompute
 from .place import PASSES, floor_s, held_ahead, rules_placement, search
 from .plan_predict import plan_costs, rank_plan_blocks
-from .plan_search import Bandwidth
+from .plan_search import Bandwidth, without_offload
 from .predict import scaled_costs
 from .ratios import Ratios, with_ratios
 from .replay import Pipeline, overlaps, rank_orders
@@ -82,8 +81,7 @@ def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = 
         blocks = rank_plan_blocks(measured, SCHEDULES[sweep_cfg["schedule"]][1] * sweep_cfg["world"], schedule,
                                   world, joint.bandwidth)
         if not joint.offload:
-            blocks = [(rank, [prefire.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in rank_blocks])
-                      for rank, rank_blocks in blocks]
+            blocks = [(rank, without_offload(rank_blocks)) for rank, rank_blocks in blocks]
         budget = (bubble_budgets(pipeline, blocks, held_ahead(rules_run)) if joint.fraction == "bubble+stage"
                   else float(joint.fraction))
         row["joint"] = joint_plan(pipeline, blocks, budget, joint.max_replays)

@@ -36,6 +36,7 @@ peak over the largest rank's keep-everything peak.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -43,7 +44,7 @@ import prefire
 from prefire.pipelining.plans import rank_items
 
 from .place import objective
-from .plan_search import with_plan
+from .plan_search import with_plan, without_offload
 from .replay import Pipeline, Replay
 
 RELEASE = prefire.Release.AT_STEP_END
@@ -72,11 +73,19 @@ class _Rank:
         return self.peak(choices) <= self.budget
 
 
+def _micro_batches(pipeline: Pipeline) -> int:
+    return 1 + max(mb for order in pipeline.orders for _, _, mb in order)
+
+
+def _items(pipeline: Pipeline, rank: int, rank_blocks: List[Any]) -> List[Any]:
+    return rank_items(rank_blocks, pipeline.orders[rank], _micro_batches(pipeline))
+
+
 def _ranks(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], budget: Budget) -> List[_Rank]:
-    micro_batches = 1 + max(mb for order in pipeline.orders for _, _, mb in order)
+    micro_batches = _micro_batches(pipeline)
     out, offset = [], 0
     for rank, rank_blocks in blocks:
-        items = rank_items(rank_blocks, pipeline.orders[rank], micro_batches)
+        items = _items(pipeline, rank, rank_blocks)
         keep = prefire.describe_plan(items, [prefire.Choice.KEEP] * len(items), 0, 0, RELEASE).peak_bytes
         least = prefire.least_plan_bytes(items, RELEASE)
         wanted = int(budget * keep) if isinstance(budget, float) else int(budget[rank])
@@ -102,7 +111,7 @@ class _Search:
         self.pipeline, self.max_replays, self.replays = pipeline, max_replays, 0
         self.ranks = _ranks(pipeline, blocks, budget)
         self.blocks = [b for _, rank_blocks in blocks for b in rank_blocks]
-        self.micro_batches = 1 + max(mb for order in pipeline.orders for _, _, mb in order)
+        self.micro_batches = _micro_batches(pipeline)
 
     def run(self, choices: List[List[Any]]) -> Replay:
         self.replays += 1
@@ -111,8 +120,7 @@ class _Search:
             for (block, mb), choice in zip(r.slots, rank_choices):
                 options[mb][r.offset + block] = choice
         costs = with_plan(self.pipeline.costs, self.blocks, options)
-        return Pipeline(self.pipeline.orders, self.pipeline.stage_rank, self.pipeline.n_stages, costs,
-                        self.pipeline.groups).run("plan")
+        return dataclasses.replace(self.pipeline, costs=costs).run("plan")
 
     def planner(self, offload: bool) -> Optional[List[List[Any]]]:
         """Per rank, the planner's choices at its budget (``offload``:
@@ -120,8 +128,7 @@ class _Search:
         without offload holds (only offloading holds it)."""
         out = []
         for r in self.ranks:
-            items = r.items if offload else [prefire.BlockCost.from_dict(dict(i.to_dict(), offload_bytes=-1))
-                                             for i in r.items]
+            items = r.items if offload else without_offload(r.items)
             if prefire.least_plan_bytes(items, RELEASE) > r.budget:
                 return None
             out.append(list(prefire.plan_for_budget(items, r.budget, RELEASE).choices))
@@ -173,10 +180,9 @@ def bubble_budgets(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], 
     checkpointed, ``held[rank]`` of them recomputed ahead at once: the
     rules' ``held_ahead``) plus one stage's activations (the rank's largest
     stage, its blocks kept for one micro-batch)."""
-    micro_batches = 1 + max(mb for order in pipeline.orders for _, _, mb in order)
     out = []
     for rank, rank_blocks in blocks:
-        items = rank_items(rank_blocks, pipeline.orders[rank], micro_batches)
+        items = _items(pipeline, rank, rank_blocks)
         bubble = prefire.describe_plan(items, [prefire.Choice.CHECKPOINT] * len(items), 0, held[rank],
                                        RELEASE).peak_bytes
         stages: Dict[int, int] = {}

@@ -79,11 +79,15 @@ def shortened(pipeline: Pipeline, removed: Dict[StageMicroBatch, float]) -> Cost
     return dataclasses.replace(costs, instance=instance)
 
 
+def _work(pipeline: Pipeline) -> Dict[StageMicroBatch, float]:
+    """Each micro-batch's recomputation per stage, by its pass."""
+    return {(stage, mb): recompute_of(pipeline.costs, stage)
+            for order in pipeline.orders for kind, stage, mb in order if kind in PASSES}
+
+
 def without_recompute(pipeline: Pipeline) -> Replay:
     """Session mode with every pass shorter by its own recomputation."""
-    removed = {(stage, mb): recompute_of(pipeline.costs, stage)
-               for order in pipeline.orders for kind, stage, mb in order if kind in PASSES}
-    return _session(pipeline, removed)
+    return _session(pipeline, _work(pipeline))
 
 
 def _session(pipeline: Pipeline, removed: Dict[StageMicroBatch, float]) -> Replay:
@@ -122,8 +126,7 @@ def fill(pipeline: Pipeline, result: Replay, wanted: Dict[StageMicroBatch, float
 def oracle(pipeline: Pipeline, rounds: int = 24) -> Tuple[float, Dict[StageMicroBatch, float]]:
     """The oracle's step and what it hides per (stage, micro-batch) (Note
     [The oracle fill and the recomputation's own time])."""
-    work = {(stage, mb): recompute_of(pipeline.costs, stage)
-            for order in pipeline.orders for kind, stage, mb in order if kind in PASSES}
+    work = _work(pipeline)
     current = pipeline.run("session")
     best_s, best = current.step_s, {}
     hidden: Dict[StageMicroBatch, float] = {}

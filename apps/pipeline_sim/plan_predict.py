@@ -11,7 +11,7 @@ from pipeline_bench.config import SCHEDULES, stage_rank
 from prefire.pipelining.plans import rank_blocks, rank_items, stage_plans
 
 from .measured import measured_costs
-from .plan_search import Bandwidth, with_plan, directions, with_bandwidth
+from .plan_search import Bandwidth, directions, with_bandwidth, with_plan, without_offload
 from .predict import measured_stage, scaled_costs
 from .replay import overlaps, rank_orders, replay
 
@@ -111,7 +111,7 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
     release = prefire.Release.AT_STEP_END
     assumed = min(directions(bandwidth)) > 0
 
-    ranks = [(rank, blocks, [prefire.BlockCost.from_dict(dict(b.to_dict(), offload_bytes=-1)) for b in blocks])
+    ranks = [(rank, blocks, without_offload(blocks))
              for rank, blocks in rank_plan_blocks(measured, measured_stages, schedule, world, bandwidth)]
     all_blocks = [b for _, blocks, _ in ranks for b in blocks]
 

@@ -61,6 +61,11 @@ def directions(bandwidth: Bandwidth) -> Tuple[float, float]:
     return (bandwidth, bandwidth) if isinstance(bandwidth, (int, float)) else (bandwidth[0], bandwidth[1])
 
 
+def without_offload(costs: Sequence[Any]) -> List[Any]:
+    """``costs`` offered no offload (recompute-only plans)."""
+    return [prefire.BlockCost.from_dict(dict(c.to_dict(), offload_bytes=-1)) for c in costs]
+
+
 def with_bandwidth(costs: List[Any], bandwidth: Bandwidth) -> List[Any]:
     """``costs`` with each offloadable block's copies at ``bandwidth`` (its
     moved bytes to the tier and back)."""
