@@ -9,7 +9,7 @@
 // hook context scope opens on a thread (a checkpoint's forward, a
 // recomputation, a SavedTensorMeter), it pushes one pair of hooks onto torch's
 // stack, and pops it when the scope ends. The pair is two C++ functions
-// (pybind11 cpp_function): pack hands the tensor to current_hook_context()
+// (Note [The hooks are plain CPython functions]): pack hands the tensor to current_hook_context()
 // and returns the PackedTensor in a capsule (Note [Packed tensors as
 // capsules]); unpack unwraps and unpacks it. No Python code of prefire's
 // runs per saved tensor. Each scope's end pops the top pair of torch's
@@ -37,6 +37,7 @@
 #include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/functional.h>
@@ -76,35 +77,72 @@ void destroy_packed(PyObject* capsule) {
   delete static_cast<detail::PackedTensor*>(PyCapsule_GetPointer(capsule, kPackedCapsule));
 }
 
-PyObject* g_stop_type = nullptr;  // _RecomputationStopped, owned by the module
-py::function* g_pack = nullptr;   // the hook pair; leaked: hooks may run at exit
+PyObject* g_stop_type = nullptr;        // _RecomputationStopped, owned by the module
+PyObject* g_checkpoint_error = nullptr;  // prefire.CheckpointError, owned by the module
+py::function* g_pack = nullptr;          // the hook pair; leaked: hooks may run at exit
 py::function* g_unpack = nullptr;
 
-py::object pack(const at::Tensor& tensor) {
-  detail::HookContext* context = detail::current_hook_context();
-  if (context == nullptr) {
-    throw CheckpointError("prefire: its saved-tensor hook ran outside any checkpoint (hooks pushed by prefire were "
-                          "left on torch's hook stack)");
-  }
-  std::unique_ptr<detail::PackedTensor> packed;
+// Note [The hooks are plain CPython functions]
+// torch calls the pair once per saved tensor, in forward and in every pass
+// of backward. As pybind11 cpp_functions each call paid pybind11's
+// dispatcher (its function_call record, argument loaders, the internals
+// lookup): on a 2-core x86 machine about 0.5 us of a tiny checkpoint's
+// per-tensor cost. They are METH_O functions instead; what pybind11 did for
+// them is written out here: the argument's type checked, the errors turned
+// into Python exceptions (early stop into _RecomputationStopped, a
+// CheckpointError into prefire.CheckpointError, a Python error restored,
+// anything else as torch's bindings turn it).
+template <typename F>
+PyObject* python_call(F&& f) noexcept {
   try {
-    packed = context->pack(tensor);
+    return f();
   } catch (const detail::StopRecompute&) {
     PyErr_SetNone(g_stop_type);
-    throw py::error_already_set();
+  } catch (const CheckpointError& e) {
+    PyErr_SetString(g_checkpoint_error, e.what());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
   }
-  PyObject* capsule = PyCapsule_New(packed.get(), kPackedCapsule, &destroy_packed);
-  if (capsule == nullptr) throw py::error_already_set();
-  packed.release();  // the capsule owns it now
-  return py::reinterpret_steal<py::object>(capsule);
+  return nullptr;
 }
 
-at::Tensor unpack(const py::object& packed) {
-  auto* tensor = static_cast<detail::PackedTensor*>(PyCapsule_GetPointer(packed.ptr(), kPackedCapsule));
-  if (tensor == nullptr) throw py::error_already_set();  // not what pack returned
-  py::gil_scoped_release no_gil;  // a recomputation may wait for another thread
-  return tensor->unpack();
+PyObject* pack(PyObject* /*self*/, PyObject* arg) {
+  return python_call([arg]() -> PyObject* {
+    if (!THPVariable_Check(arg)) {
+      PyErr_Format(PyExc_TypeError, "prefire: its pack hook takes a tensor, got %s", Py_TYPE(arg)->tp_name);
+      return nullptr;
+    }
+    detail::HookContext* context = detail::current_hook_context();
+    if (context == nullptr) {
+      throw CheckpointError("prefire: its saved-tensor hook ran outside any checkpoint (hooks pushed by prefire "
+                            "were left on torch's hook stack)");
+    }
+    std::unique_ptr<detail::PackedTensor> packed = context->pack(THPVariable_Unpack(arg));
+    PyObject* capsule = PyCapsule_New(packed.get(), kPackedCapsule, &destroy_packed);
+    if (capsule != nullptr) packed.release();  // the capsule owns it now
+    return capsule;
+  });
 }
+
+PyObject* unpack(PyObject* /*self*/, PyObject* arg) {
+  return python_call([arg]() -> PyObject* {
+    auto* packed = static_cast<detail::PackedTensor*>(PyCapsule_GetPointer(arg, kPackedCapsule));
+    if (packed == nullptr) return nullptr;  // not what pack returned: PyCapsule_GetPointer set the error
+    at::Tensor tensor;
+    {
+      py::gil_scoped_release no_gil;  // a recomputation may wait for another thread
+      tensor = packed->unpack();
+    }
+    return THPVariable_Wrap(std::move(tensor));
+  });
+}
+
+PyMethodDef g_hook_defs[] = {
+    {"_pack_hook", pack, METH_O, "prefire's saved-tensor pack hook"},
+    {"_unpack_hook", unpack, METH_O, "prefire's saved-tensor unpack hook"},
+};
 
 class PythonHooks final : public detail::HookSource {
  public:
@@ -279,8 +317,10 @@ void bind_errors_and_hooks(py::module_& m) {
   g_stop_type = PyErr_NewException("prefire._C._RecomputationStopped", PyExc_BaseException, nullptr);
   m.attr("_RecomputationStopped") = py::handle(g_stop_type);
 
-  g_pack = new py::function(py::cpp_function(&pack));
-  g_unpack = new py::function(py::cpp_function(&unpack));
+  g_checkpoint_error = checkpoint_error->ptr();
+  g_pack = new py::function(py::reinterpret_steal<py::function>(PyCFunction_New(&g_hook_defs[0], nullptr)));
+  g_unpack = new py::function(py::reinterpret_steal<py::function>(PyCFunction_New(&g_hook_defs[1], nullptr)));
+  if (!*g_pack || !*g_unpack) throw py::error_already_set();
   static auto* hooks = new PythonHooks();
   prefire::detail::set_hook_source(hooks);
 }
