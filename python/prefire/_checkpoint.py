@@ -333,8 +333,10 @@ def checkpoint(
                              "...))")
         return _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determinism_check, debug,
                                               early_stop, preserve_rng_state)
-    check_values("prefire.checkpoint", offload_to=offload_to, offload_inputs_only=offload_inputs_only,
-                 early_stop=early_stop, preserve_rng_state=preserve_rng_state, debug=debug)
+    if (offload_to is not None or offload_inputs_only is not False or early_stop is not True
+            or preserve_rng_state is not True or debug is not False):  # the defaults need no check
+        check_values("prefire.checkpoint", offload_to=offload_to, offload_inputs_only=offload_inputs_only,
+                     early_stop=early_stop, preserve_rng_state=preserve_rng_state, debug=debug)
     if use_reentrant:
         _warn_once(
             "reentrant",
@@ -396,6 +398,8 @@ class _FunctionCall:
         # parameters gathered (Note [Prefire of FSDP2-sharded blocks]).
         if "fsdp" not in self.forward:
             self.forward["fsdp"] = _fsdp.states_of(self.function)
+        if self.device is None and not self.forward["fsdp"]:
+            return self._call(tensors)
         with contextlib.ExitStack() as contexts:
             if self.device is not None:
                 contexts.enter_context(DeviceContext(self.device))
