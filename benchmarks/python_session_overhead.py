@@ -31,14 +31,15 @@ import prefire
 from pipeline_bench.model import Block, ModelConfig
 
 PASSES = ("F", "B", "W")
+WARMUP = 10  # rounds left out of the medians
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=60, help="interleaved rounds (the first 10 are warm-up)")
+    parser.add_argument("--rounds", type=int, default=60, help=f"interleaved rounds (the first {WARMUP} are warm-up)")
     args = parser.parse_args()
-    if args.rounds <= 10:
-        parser.error("--rounds must be more than 10 (the first 10 are warm-up)")
+    if args.rounds <= WARMUP:
+        parser.error(f"--rounds must be more than {WARMUP} (the first {WARMUP} are warm-up)")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cfg = ModelConfig()
@@ -50,6 +51,9 @@ def main() -> None:
     x0 = torch.randn(cfg.batch // cfg.micro_batches, cfg.seq, cfg.dim, requires_grad=True)
 
     def step(mode: str, sid: int) -> Dict[str, float]:
+        def scope(**options):  # none's passes run outside any session
+            return contextlib.nullcontext() if mode == "none" else prefire.session(sid, **options)
+
         out: Dict[str, float] = {}
         begin = time.perf_counter()
         with prefire.collect() as handles:
@@ -62,7 +66,6 @@ def main() -> None:
         grad = torch.ones_like(x)
         recomputed.clear()
         begin = time.perf_counter()
-        scope = (lambda **kw: contextlib.nullcontext()) if mode == "none" else (lambda **kw: prefire.session(sid, **kw))
         with scope(retain_on_unpack=True):
             torch.autograd.grad(x, [x0], grad, retain_graph=True)
         out["B"], out["B recompute"] = time.perf_counter() - begin, sum(recomputed)
@@ -83,10 +86,10 @@ def main() -> None:
             runs[mode].append(step(mode, sid))
 
     def med(mode: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[mode][10:])
+        return statistics.median(r[key] for r in runs[mode][WARMUP:])
 
     print(f"torch {torch.__version__}, one intra-op thread, 2 blocks of the pipeline program's model, micro-batch "
-          f"{tuple(x0.shape)}; medians of {args.rounds - 10} interleaved rounds")
+          f"{tuple(x0.shape)}; medians of {args.rounds - WARMUP} interleaved rounds")
     print(f"{'pass':5} {'none ms':>9} {'session ms':>11} {'recompute ms':>13} {'overhead ms':>12}")
     total_over = total_recompute = 0.0
     for p in PASSES:

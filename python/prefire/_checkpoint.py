@@ -333,10 +333,8 @@ def checkpoint(
                              "...))")
         return _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determinism_check, debug,
                                               early_stop, preserve_rng_state)
-    if (offload_to is not None or offload_inputs_only is not False or early_stop is not True
-            or preserve_rng_state is not True or debug is not False):  # the defaults need no check
-        check_values("prefire.checkpoint", offload_to=offload_to, offload_inputs_only=offload_inputs_only,
-                     early_stop=early_stop, preserve_rng_state=preserve_rng_state, debug=debug)
+    check_values("prefire.checkpoint", offload_to=offload_to, offload_inputs_only=offload_inputs_only,
+                 early_stop=early_stop, preserve_rng_state=preserve_rng_state, debug=debug)
     if use_reentrant:
         _warn_once(
             "reentrant",
