@@ -12,6 +12,7 @@ from pipeline_bench.config import stage_rank
 from pipeline_bench.report import cell
 from pipeline_bench.sweep import plan_letters
 from prefire.pipelining.placement import placement_file
+from prefire.pipelining.plans import choices_file
 
 from .compare import Joint, compare
 from .measured import validate
@@ -81,8 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="the search holds at most N checkpoints per rank recomputed before their pass at once")
     pl.add_argument("--json", metavar="PATH",
                     help="write the rows as JSON: a list, one per schedule and rank count (schedule, ranks, h_rules, "
-                         "h_search, h_max, h_oracle, each also over recomputation alone as h_..._recompute, floor_s, "
-                         "oracle_s, session_s, none_s, recompute_s, overhead_s, joint_s, joint_peak_fraction, ...)")
+                         "h_search, h_oracle_whole, h_best, h_max, h_oracle, each also over recomputation alone as "
+                         "h_..._recompute, floor_s, oracle_s, session_s, none_s, recompute_s, overhead_s, joint_s, joint_peak_fraction, ...)")
     pl.add_argument("--ratios", type=_ratios, default=None, metavar="B,W,R|h200",
                     help="durations at another machine's ratios: B/F, W/F and a micro-batch's recomputation over "
                          "F+B+W (h200: 1.23,0.72,0.33; Note [Durations at another machine's ratios])")
@@ -98,8 +99,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="the joint plan's offload tier moving this many GB per second to it and back (0: the "
                          "copies as the sweep's tier measured them)")
     pl.add_argument("--write-placement", metavar="PATH",
-                    help="write the search's placement (the rules' above --search-ranks) for the pipeline program's "
-                         "--placement (one schedule, one rank count)")
+                    help="write the placement that ends the step earliest (the rules', the oracle's in whole checkpoints "
+                         "or the search's) for the pipeline program's --placement (one schedule, one rank count)")
+    pl.add_argument("--write-choices", metavar="PATH",
+                    help="write the joint plan's choices for the pipeline program's --choices (enable(..., "
+                         "choices=); one schedule, one rank count, with --plan-sweep)")
     se = sub.add_parser("search", help="a memory sweep's plans against the fastest per-block plan within each "
                                        "budget (python -m pipeline_bench.sweep --json)")
     se.add_argument("runs", nargs="+", metavar="SWEEP.json")
@@ -211,13 +215,17 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
     sweep = _read(a.plan_sweep) if a.plan_sweep else None
     print("PREDICTED (simulated from 2-rank measurements; weak scaling, micro-batches = 2 x ranks; median durations"
           + (f"; at ratios B/F, W/F, R/(F+B+W) = {a.ratios}" if a.ratios else "") + ")")
-    print(f"{'schedule':16} {'ranks':>5} {'H rules':>7} {'search':>6} {'oracle':>6} {'max':>5} "
+    print(f"{'schedule':16} {'ranks':>5} {'H rules':>7} {'whole':>6} {'search':>6} {'oracle':>6} {'max':>5} "
           f"{'| rules':>7} {'oracle':>6} {'max':>5} {'overhead':>8} {'held':>9} {'best/session':>12} "
           f"{'joint/none':>10} {'peak':>5}")
     rows = []
     schedules, worlds = a.schedules.split(","), [int(r) for r in a.ranks.split(",") if r]
-    if a.write_placement and (len(schedules) != 1 or len(worlds) != 1):
-        print("--write-placement: name one schedule (--schedules) and one rank count (--ranks)", file=sys.stderr)
+    for option, given in (("--write-placement", a.write_placement), ("--write-choices", a.write_choices)):
+        if given and (len(schedules) != 1 or len(worlds) != 1):
+            print(f"{option}: name one schedule (--schedules) and one rank count (--ranks)", file=sys.stderr)
+            return 2
+    if a.write_choices and sweep is None:
+        print("--write-choices: the joint plan needs --plan-sweep SWEEP.json", file=sys.stderr)
         return 2
     for schedule in schedules:
         for world in worlds:
@@ -227,20 +235,22 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
             row = compare(by_schedule.get(schedule, summaries[0]), schedule, world, a.max_held,
                           searched=world <= a.search_ranks, ratios=a.ratios, joint=joint)
             rows.append(row)
-            best = row["search_s"] or row["rules_s"]
+            best = row["best_s"]
             # H is None where the replay's session step is no longer than none's (the measured recomputation
             # too short against the run's noise): nothing to hide, printed as "-"
-            h = [cell(row[f"h_{k}"], digits=2) for k in ("rules", "search", "oracle", "max",
+            h = [cell(row[f"h_{k}"], digits=2) for k in ("rules", "oracle_whole", "search", "oracle", "max",
                                                         "rules_recompute", "oracle_recompute", "max_recompute")]
             overhead = row["overhead_s"] / row["recompute_s"] if row["recompute_s"] > 0 else None
-            held = f"{row['rules_held']}/{row['search_held'] if row['search_held'] is not None else '-'}"
+            held = (f"{row['rules_held']}/{row['oracle_whole_held']}/"
+                    f"{row['search_held'] if row['search_held'] is not None else '-'}")
             joint_cells = (f"{row['joint_s'] / row['none_s']:10.3f} {row['joint_peak_fraction']:5.2f}"
                            if row["joint_s"] is not None else f"{'-':>10} {'-':>5}")
-            print(f"{schedule:16} {world:5d} {h[0]:>7} {h[1]:>6} {h[2]:>6} {h[3]:>5} {'| ' + h[4]:>7} {h[5]:>6} "
-                  f"{h[6]:>5} {cell(overhead, digits=2):>8} {held:>9} {best / row['session_s']:12.3f} "
+            print(f"{schedule:16} {world:5d} {h[0]:>7} {h[1]:>6} {h[2]:>6} {h[3]:>6} {h[4]:>5} {'| ' + h[5]:>7} "
+                  f"{h[6]:>6} {h[7]:>5} {cell(overhead, digits=2):>8} {held:>9} {best / row['session_s']:12.3f} "
                   + joint_cells, flush=True)
     print("H: (session - X) / (session - none); after |: over the step's recomputation alone; overhead: session "
-          "mode's cost beyond its recomputation, over its recomputation; held: checkpoints held ahead, rules/search;"
+          "mode's cost beyond its recomputation, over its recomputation; whole: the oracle's fill in whole checkpoints; "
+          "held: checkpoints held ahead, rules/whole/search; best/session: the best placement's step;"
           " joint: the joint plan's step over none's and its peak over none's")
     if a.json:
         with open(a.json, "w") as f:
@@ -248,9 +258,14 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
     if a.write_placement:
         with open(a.write_placement, "w") as f:
             row = rows[0]
-            placement = row.get("placement", row["rules_placement"])  # the search's, else the rules'
+            placement = row["best_placement"]  # the placement that ends the step earliest
             json.dump(placement_file(placement, row["schedule"], row["ranks"], row["micro_batches"],
                                      stage_rank(row["schedule"], row["ranks"])), f)
+    if a.write_choices:
+        with open(a.write_choices, "w") as f:
+            row = rows[0]
+            json.dump(choices_file(row["joint"]["rank_choices"], row["schedule"], row["ranks"], row["micro_batches"]),
+                      f)
     return 0
 
 

@@ -1,7 +1,8 @@
 """The simulator's ``place`` command: on a schedule and rank count, how much
-of the recomputation the filler's rules, the placement search and any
-placement at all (the floor) hide, replayed with a measured run's durations
-(Note [Where recomputation can run] in place.py)."""
+of the recomputation the filler's rules, the oracle's fill in whole
+checkpoints, the placement search, the oracle and any placement at all (the
+floor) hide, replayed with a measured run's durations (Note [Where
+recomputation can run] in place.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pipeline_bench.config import SCHEDULES, stage_rank
 
 from .joint import bubble_budgets, joint_plan
 from .measured import measured_costs
-from .oracle import hidden_over, oracle, recompute_of, without_recompute
-from .place import PASSES, floor_s, held_ahead, rules_placement, search
+from .oracle import hidden_over, oracle, oracle_placement, recompute_of, without_recompute
+from .place import PASSES, floor_s, held_ahead, objective, rules_placement, search
 from .plan_predict import plan_costs, rank_plan_blocks
 from .plan_search import Bandwidth, without_offload
 from .predict import scaled_costs
@@ -42,8 +43,9 @@ def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = 
     """``schedule`` on ``world`` ranks (micro-batches twice the ranks, the
     measured run's median durations scaled as ``predict`` scales them, or
     set to ``ratios``): the steps of none, session and session without its
-    recomputation, of the rules' placement, the search's (``searched``), the
-    floor and the oracle, and H of each over session - none and over the
+    recomputation, of the rules' placement, the oracle's in whole
+    checkpoints, the search's (``searched``, from the better of those two),
+    the floor and the oracle, the best placement of the three, and H of each over session - none and over the
     recomputation alone (Note [The oracle fill and the recomputation's own
     time] in oracle.py); with ``joint``, the joint plan's step and peak
     (Note [The joint plan] in joint.py)."""
@@ -59,19 +61,24 @@ def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = 
                     if kind in PASSES)
     rules = rules_placement(pipeline.run("prefire"))
     rules_run = pipeline.run("placed", rules)
+    found_oracle = oracle(pipeline)
+    whole = oracle_placement(pipeline, found_oracle)
+    whole_run = pipeline.run("placed", whole)
     row: Dict[str, Any] = {
         "schedule": schedule, "ranks": world, "micro_batches": 2 * world, "max_held": max_held,
         "ratios": list(ratios) if ratios else None, "session_s": session.step_s, "none_s": none.step_s,
         "recompute_s": session.step_s - free.step_s, "overhead_s": free.step_s - none.step_s,
-        "floor_s": floor_s(pipeline), "oracle_s": oracle(pipeline)[0], "rules_s": rules_run.step_s,
-        "search_s": None, "rules_held": max(held_ahead(rules_run)), "search_held": None,
+        "floor_s": floor_s(pipeline), "oracle_s": found_oracle.step_s, "rules_s": rules_run.step_s,
+        "oracle_whole_s": whole_run.step_s, "search_s": None, "rules_held": max(held_ahead(rules_run)),
+        "oracle_whole_held": max(held_ahead(whole_run)), "search_held": None,
         "waits_over_recompute": min(1.0, sum(session.wait_s) / recompute) if recompute else None,
-        "rules_placement": rules}
+        "rules_placement": rules, "oracle_whole_placement": whole}
     if searched:
-        placement, found = search(pipeline, rules, max_held)
+        start = rules if objective(rules_run) <= objective(whole_run) else whole
+        placement, found = search(pipeline, start, max_held)
         row.update(search_s=found.step_s, search_held=max(held_ahead(found)), placement=placement)
     for name, step in (("rules", row["rules_s"]), ("search", row["search_s"]), ("max", row["floor_s"]),
-                       ("oracle", row["oracle_s"])):
+                       ("oracle", row["oracle_s"]), ("oracle_whole", row["oracle_whole_s"])):
         row[f"h_{name}"] = hidden_over(session.step_s, step, session.step_s - none.step_s)
         row[f"h_{name}_recompute"] = hidden_over(session.step_s, step, row["recompute_s"])
     row.update(joint_s=None, joint_peak_fraction=None, joint=None)
@@ -86,6 +93,11 @@ def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = 
                   else float(joint.fraction))
         row["joint"] = joint_plan(pipeline, blocks, budget, joint.max_replays)
         row.update(joint_s=row["joint"]["joint_s"], joint_peak_fraction=row["joint"]["joint_peak_fraction"])
+    best = min(("rules", "oracle_whole", "search"), key=lambda k: row[f"{k}_s"] if row[f"{k}_s"] is not None
+               else float("inf"))
+    row.update(best=best, best_s=row[f"{best}_s"], h_best=row[f"h_{best}"],
+               best_placement=row[{"rules": "rules_placement", "oracle_whole": "oracle_whole_placement",
+                                   "search": "placement"}[best]])
     if row["h_max"] is not None:  # the floor leaves out waits no checkpointing has too (place.py)
         row["h_max"] = min(1.0, row["h_max"])
     return row

@@ -30,19 +30,42 @@ Two measures beside the placements of Note [Where recomputation can run]:
   feasible). It is a relaxation of the placements of ``place.py`` (they
   move whole checkpoints and only before an action), not a bound on them:
   the floor is that. ``H oracle = (session - oracle) / (session - none)``.
+
+Note [The oracle fill in whole checkpoints]
+The oracle's fill is also a placement the runtime can run
+(``oracle_placement``): each piece of it goes before the action whose
+wait held it (a wait is recorded just before that action), a
+micro-batch's pieces rounded to whole checkpoints as they add up (to the
+nearest: 1.33 checkpoints' worth places one), so each micro-batch is
+prefired as often as its pieces round to, in the order EDF ran them. A
+whole checkpoint rounded up runs past its wait and delays the action it
+stands before; one rounded down stays in its pass. So the rounding is
+replayed (mode "placed"), and what it left in the passes is filled again
+into that replay's waits the same way, kept while the step ends earlier (at
+most ``rounds`` times). It needs one oracle and a few replays where the
+search needs thousands, so it is the search's start when better than the
+rules', and at rank counts the search is not run for it is the placement
+compared with the oracle. Measured (docs/benchmarks.md, "Where
+recomputation can run"): on DualPipeV at 16 ranks, the rules hide 0.82 of
+what the oracle hides and the whole checkpoints all of it (0.98 at an
+H200's ratios). EDF places each piece as late as its deadline allows, so
+it holds fewer checkpoints ahead than the rules, which prefire every
+checkpoint of a micro-batch at its gradient's receive.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from prefire.pipelining.actions import Action
+from prefire.pipelining.placement import Placement
 
-from .place import PASSES
+from .place import PASSES, objective
 from .replay import Costs, Pipeline, Replay
 
 StageMicroBatch = Tuple[int, int]
+Piece = Tuple[Action, StageMicroBatch, float]  # before which action, whose recomputation, how many seconds
 
 
 def recompute_of(costs: Costs, stage: int) -> float:
@@ -94,18 +117,22 @@ def _session(pipeline: Pipeline, removed: Dict[StageMicroBatch, float]) -> Repla
     return dataclasses.replace(pipeline, costs=shortened(pipeline, removed)).run("session")
 
 
-def fill(pipeline: Pipeline, result: Replay, wanted: Dict[StageMicroBatch, float]) -> Dict[StageMicroBatch, float]:
+def fill(pipeline: Pipeline, result: Replay, wanted: Dict[StageMicroBatch, float],
+         pieces: Optional[List[Piece]] = None) -> Dict[StageMicroBatch, float]:
     """How much of ``wanted[(stage, mb)]`` seconds of recomputation the
     waits of ``result`` hold, each micro-batch's between its forward's end
     and its pass's start, earliest pass first (Note [The oracle fill and the
-    recomputation's own time])."""
+    recomputation's own time]); ``pieces``: appended to, each piece run, in
+    order per rank, with the action its wait stood before."""
     held: Dict[StageMicroBatch, float] = {}
     for events in result.events:
         ends = {(s, mb): end for kind, s, mb, _, end in events if kind == "F"}
         jobs = sorted((begin, ends[(s, mb)], (s, mb)) for kind, s, mb, begin, _ in events
                       if kind in PASSES and (s, mb) in ends and wanted.get((s, mb), 0.0) > 0)
         left = {key: wanted[key] for _, _, key in jobs}
-        for begin, end in sorted((b, e) for kind, _, _, b, e in events if kind == "wait" and e > b):
+        # a wait is recorded just before the action that stood in it (replay.py)
+        waits = sorted((e[3], e[4], events[i + 1][:3]) for i, e in enumerate(events) if e[0] == "wait" and e[4] > e[3])
+        for begin, end, action in waits:
             t = begin
             while t < end:
                 ready = [(due, key) for due, release, key in jobs if left[key] > 0 and release <= t < due]
@@ -119,28 +146,85 @@ def fill(pipeline: Pipeline, result: Replay, wanted: Dict[StageMicroBatch, float
                 run = min(left[key], until - t)
                 left[key] -= run
                 held[key] = held.get(key, 0.0) + run
+                if pieces is not None:
+                    pieces.append((action, key, run))
                 t += run
     return held
 
 
-def oracle(pipeline: Pipeline, rounds: int = 24) -> Tuple[float, Dict[StageMicroBatch, float]]:
-    """The oracle's step and what it hides per (stage, micro-batch) (Note
-    [The oracle fill and the recomputation's own time])."""
+class Oracle(NamedTuple):
+    step_s: float
+    hidden: Dict[StageMicroBatch, float]  # per (stage, micro-batch): the seconds of recomputation it hides
+    replay: Replay                        # session mode with the passes shortened by ``hidden``: its waits hold it
+
+
+def oracle(pipeline: Pipeline, rounds: int = 24) -> Oracle:
+    """The oracle's step, what it hides per (stage, micro-batch), and the
+    replay whose waits hold it (Note [The oracle fill and the
+    recomputation's own time])."""
     work = _work(pipeline)
     current = pipeline.run("session")
-    best_s, best = current.step_s, {}
+    best = Oracle(current.step_s, {}, current)
     hidden: Dict[StageMicroBatch, float] = {}
     for i in range(rounds + 1):
         held = fill(pipeline, current, hidden)
         feasible = all(held.get(key, 0.0) >= want - 1e-12 for key, want in hidden.items())
-        if feasible and current.step_s < best_s:
-            best_s, best = current.step_s, dict(hidden)
+        if feasible and current.step_s < best.step_s:
+            best = Oracle(current.step_s, dict(hidden), current)
         following = fill(pipeline, current, work) if feasible else held
         if i == rounds or _same(following, hidden):
             break
         hidden = following
         current = _session(pipeline, hidden)
-    return best_s, best
+    return best
+
+
+def oracle_placement(pipeline: Pipeline, found: Oracle, rounds: int = 4) -> Placement:
+    """The oracle's fill in whole checkpoints (Note [The oracle fill in whole
+    checkpoints]): each piece placed before the action its wait stood
+    before, each micro-batch's pieces rounded as they add up; then what is
+    left, into the waits of that placement's replay, while the step ends
+    earlier."""
+    placement = _whole(pipeline, found.replay, found.hidden, {})
+    best = pipeline.run("placed", placement)
+    checkpoint, checkpoints = pipeline.costs.checkpoint, pipeline.costs.checkpoints
+    for _ in range(rounds):
+        placed = _placed(placement)
+        left = {key: (checkpoints.get(key[0], 0) - placed.get(key, 0)) * checkpoint.get(key[0], 0.0)
+                for key in _work(pipeline)}
+        more = _whole(pipeline, best, left, placement)
+        trial = pipeline.run("placed", more)
+        if objective(trial) >= objective(best):
+            break
+        placement, best = more, trial
+    return placement
+
+
+def _placed(placement: Placement) -> Dict[StageMicroBatch, int]:
+    out: Dict[StageMicroBatch, int] = {}
+    for items in placement.values():
+        for stage, mb, count in items:
+            out[(stage, mb)] = out.get((stage, mb), 0) + count
+    return out
+
+
+def _whole(pipeline: Pipeline, result: Replay, wanted: Dict[StageMicroBatch, float],
+           start: Placement) -> Placement:
+    """``start`` and the pieces of ``wanted`` that ``result``'s waits hold,
+    in whole checkpoints, each micro-batch's rounded as they add up."""
+    pieces: List[Piece] = []
+    fill(pipeline, result, wanted, pieces)
+    checkpoint = pipeline.costs.checkpoint
+    placement = {action: list(items) for action, items in start.items()}
+    so_far: Dict[StageMicroBatch, float] = {}
+    placed: Dict[StageMicroBatch, int] = {}
+    for action, key, seconds in pieces:
+        so_far[key] = so_far.get(key, 0.0) + seconds
+        whole = int(min(so_far[key], wanted[key]) / checkpoint[key[0]] + 0.5)
+        if whole > placed.get(key, 0):
+            placement.setdefault(action, []).append((key[0], key[1], whole - placed.get(key, 0)))
+            placed[key] = whole
+    return placement
 
 
 def _same(a: Dict[StageMicroBatch, float], b: Dict[StageMicroBatch, float]) -> bool:

@@ -10,14 +10,16 @@ actions of their own (mode "placed", replay.py): before an action of the
 rank's order, (stage, micro-batch, count) checkpoints run back to back when
 the rank reaches that action, whether what the action consumes is there or
 not, so placed before an action that waits they fill the wait, placed
-before one that does not they delay it. Three placements are compared,
+before one that does not they delay it. Four placements are compared,
 each replayed with the same (median) durations:
 
 * the rules of Note [Filling bubbles] (the runtime's), as prefire mode
   replays them with the exact slack (session mode's waits), and recorded
   as a placement (``rules_placement``): replaying it in mode "placed" gives
   the same timeline;
-* a search (``search``) that starts from the rules' placement and moves one
+* the oracle's fill in whole checkpoints (Note [The oracle fill in whole
+  checkpoints] in oracle.py);
+* a search (``search``) that starts from the better of those two and moves one
   checkpoint at a time to any point between its forward and its pass (or
   back into the pass), keeping a move when the step ends earlier or, at
   the same step, the ranks' forwards and backwards end earlier in sum (the

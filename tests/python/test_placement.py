@@ -8,9 +8,10 @@ import random
 import pytest
 
 from pipeline_bench.config import stage_rank
-from pipeline_sim.oracle import fill, oracle, shortened, without_recompute
+from pipeline_sim.oracle import fill, oracle, oracle_placement, shortened, without_recompute
 from pipeline_sim.place import floor_s, held_ahead, rules_placement, search
 from pipeline_sim.replay import Costs, Pipeline, overlaps, rank_orders
+from prefire.pipelining.placement import check_placement
 
 TWO_MICRO_BATCHES = [[("F", 0, 0), ("F", 0, 1), ("BW", 0, 0), ("BW", 0, 1)],
                      [("F", 1, 0), ("BW", 1, 0), ("F", 1, 1), ("BW", 1, 1)]]
@@ -135,7 +136,7 @@ def test_the_oracle_hides_what_the_wait_before_a_pass_holds_and_no_more():
     p.costs.action["session"][("BW", 1)] = p.costs.action["none"][("BW", 1)]
     session = p.run("session")
     assert session.waited[("BW", 0, 0)] == pytest.approx(1.0)  # rank 1: F 0.5, BW 0.5 (2.0 less 1.5 recomputed)
-    oracle_s, hidden = oracle(p)
+    oracle_s, hidden, _ = oracle(p)
     assert hidden == {(0, 0): pytest.approx(1.0)}
     assert oracle_s == pytest.approx(session.step_s - 1.0) == pytest.approx(floor_s(p))
 
@@ -146,13 +147,51 @@ def test_the_oracle_is_a_step_its_waits_hold_between_the_floor_and_session(sched
     """What the oracle hides fits the waits of its own replay (EDF meets
     every piece), and its step lies between the floor and session's."""
     p = pipeline(schedule, world, skew=0.2)
-    oracle_s, hidden = oracle(p)
+    oracle_s, hidden, _ = oracle(p)
     assert floor_s(p) - 1e-9 <= oracle_s <= p.run("session").step_s + 1e-9
     replayed = Pipeline(p.orders, p.stage_rank, p.n_stages, shortened(p, hidden), p.groups).run("session")
     assert replayed.step_s == pytest.approx(oracle_s)
     held = fill(p, replayed, hidden)
     assert all(held.get(key, 0.0) >= want - 1e-9 for key, want in hidden.items())
     assert sum(hidden.values()) > 0
+
+
+def test_the_oracle_in_whole_checkpoints_places_what_the_wait_holds_rounded():
+    """The 1F1B case above: the wait holds 1.0 of two checkpoints of 0.75,
+    the whole placement puts one before the pass and leaves the other in
+    it (two would delay the pass by 0.5 and be worse)."""
+    p = Pipeline(rank_orders("1f1b", 2, 1), stage_rank("1f1b", 2), 2,
+                 costs_of(2, f=0.5, b=2.0, w=0.0, checkpoint=0.75, checkpoints=2, latency=0.0, overhead=0.0))
+    p.costs.checkpoints[1] = 0
+    p.costs.action["session"][("BW", 1)] = p.costs.action["none"][("BW", 1)]
+    found = oracle(p)
+    assert oracle_placement(p, found) == {("BW", 0, 0): [(0, 0, 1)]}
+    assert p.run("placed", oracle_placement(p, found)).step_s == pytest.approx(p.run("session").step_s - 0.75)
+
+
+@pytest.mark.parametrize("schedule, world", [("zbv", 4), ("interleaved-zb", 4), ("dualpipev", 4), ("dualpipev", 8),
+                                             ("interleaved-1f1b", 4), ("1f1b", 4)])
+def test_the_oracle_in_whole_checkpoints_is_a_placement_the_runtime_takes_and_ends_near_the_oracle(schedule, world):
+    """Every entry between its micro-batch's forward and pass on its rank
+    (the runtime's own check), no micro-batch prefired more than it has;
+    its step between the oracle's less a checkpoint's rounding and
+    session's, and within 0.9 of the oracle's H (Note [The oracle fill in
+    whole checkpoints])."""
+    p = pipeline(schedule, world, skew=0.2)
+    found = oracle(p)
+    placement = oracle_placement(p, found)
+    for order in p.orders:
+        mine = {action: items for action, items in placement.items() if action in order}
+        assert check_placement(mine, list(order)) == mine
+    placed = {}
+    for items in placement.values():
+        for stage, mb, count in items:
+            placed[(stage, mb)] = placed.get((stage, mb), 0) + count
+    assert placed and all(n <= p.costs.checkpoints[stage] for (stage, _), n in placed.items())
+    session, none = p.run("session").step_s, p.run("none").step_s
+    step = p.run("placed", placement).step_s
+    assert floor_s(p) - 1e-9 <= step <= session
+    assert (session - step) >= 0.9 * (session - found.step_s)
 
 
 def test_a_sessions_cost_beyond_recomputation_is_what_replaying_without_it_leaves_above_none():
