@@ -40,8 +40,10 @@ PLACED_MODE = "placed"
 #: plan-selective: the same with ``selective=True`` (a block may also be
 #: checkpointed selectively: matmul and attention outputs kept);
 #: plan-offload: the same with ``offload_to=`` a host file tier in the
-#: system's temporary directory (a block may also be offloaded)
-PLAN_MODES = ("plan", "plan-prefire", "plan-selective", "plan-offload")
+#: system's temporary directory (a block may also be offloaded);
+#: plan-given: ``choices=`` the simulator's joint plan (``RunConfig.choices``)
+#: in place of the planner's, at the same budget
+PLAN_MODES = ("plan", "plan-prefire", "plan-selective", "plan-offload", "plan-given")
 SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4") + PLAN_MODES
 
 
@@ -73,6 +75,8 @@ class RunConfig:
     eval_steps: int = 0            # schedule.eval() steps after training, counting the recomputations they run
     #: placed mode: the simulator's placement (``simulate place --write-placement``), every rank's
     placement: Optional[Dict[str, Any]] = None
+    #: plan-given mode: the choices of the simulator's joint plan (``place --write-choices``), every rank's
+    choices: Optional[Dict[str, Any]] = None
 
     @staticmethod
     def from_json(text: str) -> "RunConfig":

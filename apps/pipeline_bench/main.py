@@ -74,6 +74,11 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
                          "and --placement FILE (python -m pipeline_sim place --write-placement)")
     if config.placement is not None:
         check_placement_file(config.placement, config.schedule, world, config.model.micro_batches)
+    if ("plan-given" in modes) != (config.choices is not None):
+        raise ValueError("plan-given mode runs given choices and choices need plan-given mode (python -m "
+                         "pipeline_bench.sweep --choices FILE)")
+    if config.choices is not None:
+        check_placement_file(config.choices, config.schedule, world, config.model.micro_batches, what="choices")
     if config.schedule == "1f1b" and {"prefire", "budget", PLACED_MODE} & set(modes):
         raise ValueError("Schedule1F1B waits on a receive where it posts it: no bubble to prefire in; "
                          "run modes none, torch, session with it")
@@ -102,6 +107,18 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     described.update(world=world, rounds=rounds, torch=torch.__version__,
                      machine=platform.processor() or platform.machine(), threads_per_rank=1, backend="gloo")
     return summarize(described, runs, grads, results)
+
+
+def read_json_option(p: argparse.ArgumentParser, option: str, path: Optional[str]) -> Any:
+    """The JSON file an option names (None without one); the parser's
+    error where it cannot be read."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        p.error(f"{option}: cannot read {path}: {e}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -142,13 +159,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         budgets = tuple(float(f) for f in a.budgets.split(",") if f)
     except ValueError:
         p.error(f"--budgets: comma-separated fractions, got {a.budgets!r}")
-    placement = None
-    if a.placement:
-        try:
-            with open(a.placement) as f:
-                placement = json.load(f)
-        except (OSError, ValueError) as e:
-            p.error(f"--placement: cannot read {a.placement}: {e}")
+    placement = read_json_option(p, "--placement", a.placement)
     config = RunConfig(model=model, schedule=a.schedule, modes=tuple(m for m in a.modes.split(",") if m),
                        steps=a.steps, warmup=a.warmup, budgets=budgets, timeout_s=a.timeout, placement=placement)
     try:

@@ -28,7 +28,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from .config import PLAN_MODES, SCHEDULES, RunConfig
-from .main import run
+from .main import read_json_option, run
 from .model import ModelConfig
 
 MiB = float(1 << 20)
@@ -167,6 +167,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="also each budget's plan with selective=True (a block may be checkpointed selectively)")
     p.add_argument("--offload", action="store_true",
                    help="also each budget's plan with offload_to= a host file tier (a block may be offloaded)")
+    p.add_argument("--choices", metavar="FILE",
+                   help="also each budget's plan-given run: the simulator's joint plan in place of the planner's "
+                        "(python -m pipeline_sim place ... --plan-sweep S.json --write-choices FILE; ValueError where "
+                        "it holds more than the budget)")
     p.add_argument("--uniform-budget", action="store_true",
                    help="one budget for every rank: each fraction of the most none held on any rank (what an SPMD "
                         "script passes), not of what none held on each rank")
@@ -178,9 +182,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         else ModelConfig()
     fractions = tuple(float(f) for f in a.memory_budgets.split(",") if f)
     modes = TORCH + ("session", "plan") + (("plan-prefire",) if a.prefire else ()) + \
-        (("plan-selective",) if a.selective else ()) + (("plan-offload",) if a.offload else ())
+        (("plan-selective",) if a.selective else ()) + (("plan-offload",) if a.offload else ()) + \
+        (("plan-given",) if a.choices else ())
+    choices = read_json_option(p, "--choices", a.choices)
     config = RunConfig(model=model, schedule=a.schedule, modes=modes, steps=a.steps, warmup=a.warmup,
-                       memory_budgets=fractions, uniform_budget=a.uniform_budget, meter_blocks=True, timeout_s=600.0)
+                       memory_budgets=fractions, uniform_budget=a.uniform_budget, meter_blocks=True, timeout_s=600.0,
+                       choices=choices)
     try:
         summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as e:

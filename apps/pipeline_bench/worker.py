@@ -31,6 +31,7 @@ import prefire
 from prefire import pipelining
 from prefire.pipelining import is_full_backward
 from prefire.pipelining.placement import rank_placement
+from prefire.pipelining.plans import rank_choices
 
 from .config import PLAN_MODES, SCHEDULES, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
@@ -177,10 +178,13 @@ class ModeRun:
             self.sessions = pipelining.enable(self.schedule, bubble=True,
                                               placement=rank_placement(cfg.placement, rank))
         elif mode in PLAN_MODES:  # the first step measures; its budget is set from what it found (step())
+            given = rank_choices(cfg.choices, rank) if mode == "plan-given" else None
+            named = {c for rows in (given or {}).values() for row in rows for c in row}
             tier = (prefire.OffloadTier.host_file(tempfile.gettempdir(), OFFLOAD_TIER_BYTES)
-                    if mode == "plan-offload" else None)
+                    if mode == "plan-offload" or "OFFLOAD" in named else None)
             self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62, bubble=mode == "plan-prefire",
-                                              selective=mode == "plan-selective", offload_to=tier)
+                                              selective=mode == "plan-selective" or "SELECTIVE" in named,
+                                              offload_to=tier, choices=given)
         self.recorder = Recorder(rank)
         for stage in stages:
             self.recorder.wrap_stage(stage)
@@ -214,7 +218,7 @@ class ModeRun:
             # the sweep's lowest point: the least budget every step holds, the measuring one included (it
             # checkpoints every block); with offload_to, the least any plan holds (below that, warned)
             least = sessions.least_memory_budget()
-            if self.mode != "plan-offload":
+            if self.mode not in ("plan-offload", "plan-given"):
                 least = max(least, prefire.plan_bytes(costs, [True] * len(costs)))
             # what none mode held on this rank so far, or without it what keeping every block holds by the plan
             most = (max(s["peak_held_bytes"] for s in self.none.steps) if self.none is not None and self.none.steps

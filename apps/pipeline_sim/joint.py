@@ -192,6 +192,20 @@ def bubble_budgets(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], 
     return out
 
 
+def _by_stage(rank: _Rank, rank_blocks: List[Any], choices: Sequence[Any],
+              micro_batches: int) -> Dict[int, List[List[str]]]:
+    """A rank's choices as ``enable(..., choices=)`` takes them: per stage,
+    per micro-batch, per block (in the stage's order) a choice's name."""
+    out: Dict[int, List[List[str]]] = {}
+    in_stage = [sum(1 for b in rank_blocks[:i] if b.group == block.group) for i, block in enumerate(rank_blocks)]
+    for stage in dict.fromkeys(b.group for b in rank_blocks):
+        width = sum(1 for b in rank_blocks if b.group == stage)
+        out[stage] = [[""] * width for _ in range(micro_batches)]
+    for (block, mb), choice in zip(rank.slots, choices):
+        out[rank_blocks[block].group][mb][in_stage[block]] = choice.name
+    return out
+
+
 def joint_plan(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], budget: Budget,
                max_replays: int = 3000) -> Dict[str, Any]:
     """The joint plan (Note [The joint plan]) within ``budget``: a fraction
@@ -207,7 +221,8 @@ def joint_plan(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], budg
     for rank_choices in choices:
         for c in rank_choices:
             counts[c.name] = counts.get(c.name, 0) + 1
-    return {"joint_s": result.step_s, "joint_peak_fraction": max(peaks) / max(r.keep_bytes for r in search.ranks),
+    return {"joint_s": result.step_s, "rank_choices": [_by_stage(r, blocks[i][1], c, search.micro_batches)
+                                                      for i, (r, c) in enumerate(zip(search.ranks, choices))], "joint_peak_fraction": max(peaks) / max(r.keep_bytes for r in search.ranks),
             "planner_s": start_s["planner"], "recompute_only_s": start_s["recompute_only"], "started_from": first,
             "fraction": budget if isinstance(budget, float) else None,
             "budgets": [r.budget for r in search.ranks], "peaks": peaks,

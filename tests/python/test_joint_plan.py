@@ -6,7 +6,8 @@ import pytest
 
 import prefire
 from pipeline_bench.config import stage_rank
-from prefire.pipelining.plans import rank_items
+from prefire.pipelining._plan import check_choices
+from prefire.pipelining.plans import choices_file, rank_choices, rank_items
 from pipeline_sim.joint import bubble_budgets, joint_plan
 from pipeline_sim.place import held_ahead, rules_placement
 from pipeline_sim.plan_predict import rank_plan_blocks
@@ -121,3 +122,23 @@ def test_a_budget_of_bubble_modes_bytes_plus_a_stage_keeps_more_than_checkpointi
     assert row["fits"] and row["fraction"] is None and row["choices"].get("KEEP", 0) > 0, row
     assert row["joint_s"] < p.run("session").step_s
     assert all(peak <= budget for peak, budget in zip(row["peaks"], budgets))
+
+
+def test_the_joint_plans_choices_are_what_enable_takes_and_describe_the_same_plan():
+    """Per rank, ``rank_choices`` (what ``place --write-choices`` writes,
+    through its file) passes enable's check and, laid out as the planner's
+    items (stage, micro-batch, block), holds the peak the joint plan
+    counted."""
+    p = pipeline("zbv", 4)
+    blocks = rank_plan_blocks(measured_blocks(0.1), 4, "zbv", 4)
+    row = joint_plan(p, blocks, 0.5)
+    data = choices_file(row["rank_choices"], "zbv", 4, 8)
+    names = set()
+    for rank, rank_blocks in blocks:
+        given = check_choices(rank_choices(data, rank), sorted({b.group for b in rank_blocks}), 8)
+        chosen = [c for stage in dict.fromkeys(b.group for b in rank_blocks) for row_ in given[stage] for c in row_]
+        items = rank_items(rank_blocks, p.orders[rank], 8)
+        plan = prefire.describe_plan(items, chosen, 0, 0, prefire.Release.AT_STEP_END)
+        assert plan.peak_bytes == row["peaks"][rank]
+        names |= {c.name for c in chosen}
+    assert {"OFFLOAD", "KEEP"} <= names  # a plan of more than one choice, so the layout is checked

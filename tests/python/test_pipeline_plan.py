@@ -62,12 +62,13 @@ class Run:
     returns the gradients and the most the step held (the census: blocks'
     saved tensors and inputs, recomputations)."""
 
-    def __init__(self, modules, loss, batch, memory_budget=None, selective=None) -> None:
+    def __init__(self, modules, loss, batch, memory_budget=None, selective=None, choices=None) -> None:
         self.modules = modules
         self.stages = [pp.PipelineStage(m, i, 2, torch.device("cpu")) for i, m in enumerate(modules)]
         self.schedule = pp.ScheduleZBVZeroBubble(self.stages, 2, loss_fn=loss)
         self.batch = batch
-        self.sessions = (pipelining.enable(self.schedule, memory_budget=memory_budget, selective=selective)
+        self.sessions = (pipelining.enable(self.schedule, memory_budget=memory_budget, selective=selective,
+                                           choices=choices)
                          if memory_budget is not None else None)
 
     def step(self, batch=None):
@@ -351,6 +352,54 @@ def test_memory_budget_misuse_is_a_clear_error(one_rank):
     with pytest.raises(ValueError, match="set_memory_budget needs enable"):
         sessions.set_memory_budget(1 << 20)
     sessions.disable()
+
+
+def test_given_choices_run_in_place_of_the_planners_with_exact_gradients_within_the_budget(one_rank):
+    """Rule 9: choices the planner would not make (it keeps the last
+    stage's blocks at the least budget) run as given, per micro-batch, and
+    hold the budget from the step after the measuring one."""
+    modules, loss, batch, _ = planned_gpt(None)
+    expected, _ = Run([unchecked(m) for m in modules], loss, batch).step()
+    every_step, most, _ = bounds(*planned_gpt(None)[:3])
+    given = {0: [["KEEP", "CHECKPOINT"], ["CHECKPOINT", "CHECKPOINT"]],
+             1: [[prefire.Choice.CHECKPOINT, prefire.Choice.KEEP], ["CHECKPOINT", "CHECKPOINT"]]}
+    run = Run(*planned_gpt(None)[:3], memory_budget=most, choices=given)
+    for step in range(3):
+        grads, held = run.step()
+        assert held <= max(every_step, most), step
+        assert all(torch.equal(grads[n], expected[n]) for n in expected), step
+    plan = run.sessions.plan
+    assert {s: p.to_dict()["choices"] for s, p in plan.stages.items()} == \
+        {s: [[c if isinstance(c, str) else c.name for c in row] for row in rows] for s, rows in given.items()}
+    assert plan.plan.peak_bytes <= most
+    run.close()
+
+
+def test_given_choices_that_do_not_fit_are_a_clear_error(one_rank):
+    modules, loss, batch, _ = planned_gpt(None)
+    stages = [pp.PipelineStage(m, i, 2, torch.device("cpu")) for i, m in enumerate(modules)]
+    schedule = pp.ScheduleZBVZeroBubble(stages, 2, loss_fn=loss)
+    every = [["CHECKPOINT", "CHECKPOINT"]] * 2
+    with pytest.raises(ValueError, match="choices= is a memory plan given in place of the planner's; pass "
+                                         "memory_budget=N"):
+        pipelining.enable(schedule, choices={0: every, 1: every})
+    for bad, says in (({0: every}, r"from each of this rank's stages \[0, 1\]"),
+                      ({0: every[:1], 1: every}, r"choices\[0\] must list 2 micro-batches' choices"),
+                      ({0: every, 1: [["KEEP", "RECOMPUTE"]] * 2}, r"choices\[1\] lists \['KEEP', 'RECOMPUTE'\]")):
+        with pytest.raises(ValueError, match=says):
+            pipelining.enable(schedule, memory_budget=1 << 30, choices=bad)
+    _, most, least = bounds(*planned_gpt(None)[:3])
+    for choices, budget, says in (
+            ({0: every, 1: [["SELECTIVE", "KEEP"]] * 2}, most, "chooses SELECTIVE for stage 1, micro-batch 0, "
+                                                              r"block 0, which is offered \['KEEP', 'CHECKPOINT'\]"),
+            ({0: [["KEEP", "KEEP"]] * 2, 1: [["KEEP", "KEEP"]] * 2}, least, "the given choices hold [0-9]+ bytes at "
+                                                                            f"their peak, over memory_budget={least}"),
+            ({0: every, 1: [["KEEP"]] * 2}, most, "choices for stage 1 name .1, 1. blocks per micro-batch; its "
+                                                  "forward makes 2 checkpoint calls")):
+        run = Run(*planned_gpt(None)[:3], memory_budget=budget, choices=choices)
+        with pytest.raises(ValueError, match=says):
+            run.step()
+        run.close()
 
 
 def test_a_forward_that_changes_its_checkpoint_calls_is_refused(one_rank):

@@ -469,7 +469,7 @@ def test_program_rejects_what_it_cannot_run():
         run(RunConfig(model=TINY, modes=("placed",)))
     with pytest.raises(ValueError, match="pass both --modes ...,placed and --placement"):
         run(RunConfig(model=TINY, modes=("prefire",), placement=placement))
-    with pytest.raises(ValueError, match="the placement was searched for .* this run is"):
+    with pytest.raises(ValueError, match="the placement was made for .* this run is"):
         run(RunConfig(model=TINY, schedule="dualpipev", modes=("placed",), placement=placement))
     for budgets in ((-0.5,), (), (0.5, 0.501)):
         with pytest.raises(ValueError, match="budgets must be distinct non-negative fractions"):

@@ -246,7 +246,7 @@ def test_place_compares_the_rules_the_search_and_the_floor_on_a_measured_run(tin
                           "--write-placement", str(placed)]) == 0
     data = json.loads(placed.read_text())
     check_placement_file(data, "dualpipev", 2, 4)
-    with pytest.raises(ValueError, match="searched for"):
+    with pytest.raises(ValueError, match="the placement was made for"):
         check_placement_file(data, "zbv", 2, 4)
     for rank, order in enumerate(rank_orders("dualpipev", 2, 4)):
         check_placement(rank_placement(data, rank), order)

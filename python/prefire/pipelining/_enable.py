@@ -29,9 +29,13 @@ def _check_budget(budget_bytes: Optional[int]) -> None:
 
 
 def _check_options(bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int,
-                   memory_budget: Optional[int], selective_policy: Any, placement: Any, offload_to: Any) -> None:
+                   memory_budget: Optional[int], selective_policy: Any, placement: Any, offload_to: Any,
+                   choices: Any) -> None:
     """ValueError for options of the wrong kind or that exclude each other."""
     _check_budget(budget_bytes)
+    if choices is not None and memory_budget is None:
+        raise ValueError("prefire.pipelining: choices= is a memory plan given in place of the planner's; pass "
+                         "memory_budget=N with it (the budget it must hold)")
     if placement is not None and not bubble:
         raise ValueError("prefire.pipelining: placement= places bubble prefires; pass bubble=True with it")
     if selective_policy is not None and memory_budget is None:
@@ -58,10 +62,10 @@ class Pipelining:
 
     def __init__(self, schedule, bubble: bool, budget_bytes: Optional[int], bubble_warmup_steps: int = 3,
                  memory_budget: Optional[int] = None, selective: Any = None, placement: Any = None,
-                 offload_to: Any = None) -> None:
+                 offload_to: Any = None, choices: Any = None) -> None:
         selective_policy = policy(selective)
         _check_options(bubble, budget_bytes, bubble_warmup_steps, memory_budget, selective_policy, placement,
-                       offload_to)
+                       offload_to, choices)
         _check_torch_version()
         stages = _stages_of(schedule)
         _check_hook_points(stages, schedule)
@@ -77,7 +81,7 @@ class Pipelining:
             self.planner = RankPlanner(memory_budget, self.budget, [s.stage_index for s in stages],
                                        getattr(schedule, "_n_microbatches", 1),
                                        next((s.stage_index for s in stages if s.is_last), None), selective_policy,
-                                       offload_to)
+                                       offload_to, choices)
         self._tables = tables
         self._training_steps = 0   # steps begun with a backward (Note [Hook points fail loudly])
         self._checked = False
@@ -272,7 +276,8 @@ class Pipelining:
 def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None,
            bubble_warmup_steps: int = 3, memory_budget: Optional[int] = None, selective: Any = None,
            offload_to: Any = None,
-           placement: Optional[Dict[Tuple[str, int, int], Any]] = None) -> Pipelining:
+           placement: Optional[Dict[Tuple[str, int, int], Any]] = None,
+           choices: Optional[Dict[int, Any]] = None) -> Pipelining:
     """Gives each micro-batch's checkpoints a session shared by its backward
     passes, for every stage of ``schedule`` on this rank (see the module
     docstring). Call once, after building the schedule and before ``step``.
@@ -322,6 +327,16 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
             times each block's copies on the tier (Note [Offloaded blocks in
             a plan] in src/plan/plan_bytes.cpp; Note [A pipeline rank's
             memory plan]).
+        choices: with ``memory_budget``, the plan to run in place of the
+            C++ planner's: ``{stage: [[choice per block] per micro-batch]}``
+            for each of the rank's stages, a choice a ``prefire.Choice`` or
+            its name (KEEP, CHECKPOINT, SELECTIVE with ``selective``,
+            OFFLOAD with ``offload_to``), as the pipeline simulator's joint
+            plan writes them (``prefire.pipelining.plans.rank_choices``).
+            Raises ValueError for a form that does not fit the rank here,
+            and at the end of the measuring step for a choice not offered or
+            a plan over ``memory_budget`` (Note [A pipeline rank's memory
+            plan], rule 9).
         bubble_warmup_steps: training steps (``schedule.eval()`` steps do
             not count) before bubble prefires begin: the first warms up, the
             others measure each wait's length (Note [Filling bubbles]). At
@@ -338,4 +353,4 @@ def enable(schedule, *, bubble: bool = False, budget_bytes: Optional[int] = None
         ``disable()``.
     """
     return Pipelining(schedule, bubble, budget_bytes, bubble_warmup_steps, memory_budget, selective, placement,
-                      offload_to)
+                      offload_to, choices)

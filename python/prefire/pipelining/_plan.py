@@ -50,6 +50,13 @@ recomputed (the census, ``runtime_stats().peak_held_bytes``).
 8. A later step whose signature was measured runs its plan; a new signature
    measures again (a shape change re-plans; alternating shapes each keep
    theirs).
+9. Given choices (``enable(..., choices=)``: per stage, micro-batch and
+   block, as the simulator's joint plan writes them) take the planner's
+   place: the measuring step still measures, and its end checks them
+   against what it found (each choice offered, the blocks' count, the
+   plan's peak by the planner's count within the budget: else ValueError)
+   and runs them as rules 4-7 run the planner's. A schedule without an order
+   of actions takes one choice per block, the same in every micro-batch.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import _C
 from .._measuring import (Measured, Signature, check_memory_budget, hold_budget_with, measure, signature, tensors,
@@ -162,11 +169,13 @@ class RankPlanner:
 
     def __init__(self, memory_budget: int, budget: RankBudget, stages: List[int], micro_batches: int,
                  last_stage: Optional[int] = None, selective_policy: Optional[Callable[..., Any]] = None,
-                 offload_to: Any = None) -> None:
+                 offload_to: Any = None, choices: Optional[GivenChoices] = None) -> None:
         """``memory_budget``: checked by the caller; ``last_stage``: the
         pipeline's last stage, if on this rank; ``selective_policy``: a SAC
         policy function, a third choice per block (None: keep or checkpoint);
-        ``offload_to``: an OffloadTier, a fourth (None: none)."""
+        ``offload_to``: an OffloadTier, a fourth (None: none); ``choices``:
+        the plan to run in place of the planner's (``check_choices``; rule 9)."""
+        self.choices = check_choices(choices, stages, micro_batches) if choices is not None else None
         self.last_stage = last_stage
         self.offload_to = offload_to
         self.selective_policy = selective_policy
@@ -320,7 +329,8 @@ class RankPlanner:
             raise ValueError(f"prefire.pipelining: memory_budget={self.memory_budget} bytes is below the least any "
                              f"plan of this rank's blocks holds: {least} bytes for inputs {list(key)} ({len(costs)} "
                              f"blocks, as the measuring step found them)")
-        plan = _C.plan_for_budget(items, self.memory_budget, _C.Release.AT_STEP_END)
+        plan = (_C.plan_for_budget(items, self.memory_budget, _C.Release.AT_STEP_END) if self.choices is None
+                else self._given(key, costs, items))
         measuring = _C.plan_bytes(items, [True] * len(items), 0, _C.Release.AT_STEP_END)
         if (key, self.memory_budget) not in self._warned:  # once, not per re-plan
             self._warned.add((key, self.memory_budget))
@@ -332,6 +342,37 @@ class RankPlanner:
         _log.info("%s", describe(chosen, self.memory_budget))
         return chosen
 
+    def _given(self, key: PlanKey, costs: List[Any], items: List[Any]) -> Any:
+        """The given choices as a plan of ``items`` (rule 9): ValueError
+        naming a choice not offered or a peak over the memory budget."""
+        assert self.choices is not None
+        per_item = len(items) != len(costs)  # items per (stage, micro-batch, block), else per block
+        chosen: List[Any] = []
+        where: List[str] = []  # per item, what it is
+        for stage, _ in key:
+            blocks = sum(1 for c in costs if c.group == stage)
+            given = self.choices[stage]
+            if any(len(row) != blocks for row in given):
+                raise ValueError(f"prefire.pipelining: choices for stage {stage} name {[len(r) for r in given]} "
+                                 f"blocks per micro-batch; its forward makes {blocks} checkpoint calls")
+            if not per_item and any(list(row) != list(given[0]) for row in given):
+                raise ValueError(f"prefire.pipelining: choices for stage {stage} differ between micro-batches, "
+                                 "but this schedule keeps no order of actions: one choice per block")
+            for mb, row in enumerate(given if per_item else given[:1]):
+                chosen += row
+                where += [f"stage {stage}" + (f", micro-batch {mb}" if per_item else "") + f", block {b}"
+                          for b in range(blocks)]
+        for item, choice, what in zip(items, chosen, where):
+            offered = list(_C.offered_choices(item))
+            if choice not in offered:
+                raise ValueError(f"prefire.pipelining: choices chooses {choice.name} for {what}, which is offered "
+                                 f"{[c.name for c in offered]} (SELECTIVE needs selective=, OFFLOAD offload_to=)")
+        plan = _C.describe_plan(items, chosen, self.memory_budget, 0, _C.Release.AT_STEP_END)
+        if plan.peak_bytes > self.memory_budget:
+            raise ValueError(f"prefire.pipelining: the given choices hold {plan.peak_bytes} bytes at their peak, "
+                             f"over memory_budget={self.memory_budget} (as the measuring step found the blocks)")
+        return plan
+
     def _use(self, plan: RankPlan) -> None:
         self.budget.expect({s: p.pass_bytes for s, p in plan.stages.items()},
                            [(s, m) for s, p in plan.stages.items()
@@ -342,6 +383,34 @@ class RankPlanner:
             _, items = self._items(plan.key)
             hold_budget_with(self.offload_to, "prefire.pipelining", self.memory_budget, plan.plan.peak_bytes,
                              _C.tier_bytes(items, plan.plan.choices, _C.Release.AT_STEP_END))
+
+
+GivenChoices = Dict[int, Sequence[Sequence[Any]]]  # per stage, per micro-batch, per block: a Choice or its name
+
+
+def check_choices(choices: Any, stages: List[int], micro_batches: int) -> Dict[int, List[List[Any]]]:
+    """``choices`` (``enable(..., choices=)``) as Choices, after checking
+    its form: a dict from each of the rank's stages to one list of choices
+    per micro-batch (``micro_batches`` of them), each a prefire.Choice or
+    its name. ValueError naming what does not fit."""
+    where = "prefire.pipelining: choices"
+    if not isinstance(choices, dict) or sorted(choices) != sorted(stages):
+        got = sorted(choices) if isinstance(choices, dict) else type(choices).__name__
+        raise ValueError(f"{where} must be a dict from each of this rank's stages {sorted(stages)} to its choices "
+                         f"per micro-batch and block, got {got}")
+    names = _C.Choice.__members__
+    out: Dict[int, List[List[Any]]] = {}
+    for stage, rows in choices.items():
+        if not isinstance(rows, (list, tuple)) or len(rows) != micro_batches:
+            raise ValueError(f"{where}[{stage}] must list {micro_batches} micro-batches' choices, got {rows!r}")
+        out[stage] = []
+        for row in rows:
+            if not isinstance(row, (list, tuple)) or not all(isinstance(c, _C.Choice) or (isinstance(c, str) and c in names)
+                                                          for c in row):
+                raise ValueError(f"{where}[{stage}] lists {row!r}; each micro-batch's is a list of prefire.Choice "
+                                 f"or names {list(names)}, one per block")
+            out[stage].append([c if isinstance(c, _C.Choice) else names[c] for c in row])
+    return out
 
 
 def describe(plan: RankPlan, memory_budget: int) -> str:

@@ -69,14 +69,16 @@ def placement_file(placement: Placement, schedule: str, world: int, micro_batche
     return {"schedule": schedule, "world": world, "micro_batches": micro_batches, "ranks": ranks}
 
 
-def check_placement_file(data: Dict[str, Any], schedule: str, world: int, micro_batches: int) -> None:
-    """ValueError unless ``data`` (a :func:`placement_file`) was placed for
-    this schedule, rank count and number of micro-batches."""
+def check_placement_file(data: Dict[str, Any], schedule: str, world: int, micro_batches: int,
+                         what: str = "placement") -> None:
+    """ValueError unless ``data`` (a :func:`placement_file`, or what:
+    "choices", a ``plans.choices_file``) was made for this schedule, rank
+    count and number of micro-batches."""
     got = {key: data.get(key) for key in ("schedule", "world", "micro_batches")}
     want = {"schedule": schedule, "world": world, "micro_batches": micro_batches}
     if got != want or not isinstance(data.get("ranks"), list) or len(data["ranks"]) != world:
-        raise ValueError(f"prefire.pipelining: the placement was searched for {got}, this run is {want} (the "
-                         "simulator's place --write-placement writes one per schedule, rank count and micro-batch "
+        raise ValueError(f"prefire.pipelining: the {what} was made for {got}, this run is {want} (the "
+                         f"simulator's place --write-{what} writes one per schedule, rank count and micro-batch "
                          "count)")
 
 

@@ -8,7 +8,7 @@ Blocks are :class:`prefire.BlockCost` whose ``group`` is their stage."""
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Any, Dict, List, Sequence
 
 from .. import _C
 from .actions import Action, planner_actions
@@ -35,3 +35,19 @@ def stage_plans(plan: _C.Plan, blocks: Sequence[_C.BlockCost], micro_batches: in
     stage: ``choices[micro_batch][block]`` and what one pass of the stage
     holds (``pass_bytes``)."""
     return _C.stage_plans(plan, list(blocks), micro_batches)
+
+
+def choices_file(choices: Sequence[Dict[int, List[List[str]]]], schedule: str, world: int,
+                 micro_batches: int) -> Dict[str, Any]:
+    """Every rank's given choices (``enable(..., choices=)``) in one
+    JSON-able dict: the schedule's name, rank count and micro-batches they
+    were chosen for, and per rank ``{stage: [[choice name per block] per
+    micro-batch]}`` (the simulator's ``place --write-choices``)."""
+    return {"schedule": schedule, "world": world, "micro_batches": micro_batches,
+            "ranks": [{str(stage): rows for stage, rows in rank.items()} for rank in choices]}
+
+
+def rank_choices(data: Dict[str, Any], rank: int) -> Dict[int, List[List[str]]]:
+    """One rank's choices from a :func:`choices_file`, for ``enable(...,
+    choices=)`` (which checks them against the rank's stages and blocks)."""
+    return {int(stage): rows for stage, rows in data["ranks"][rank].items()}
