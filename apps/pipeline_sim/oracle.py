@@ -45,12 +45,13 @@ into that replay's waits the same way, kept while the step ends earlier (at
 most ``rounds`` times). It needs one oracle and a few replays where the
 search needs thousands, so it is the search's start when better than the
 rules', and at rank counts the search is not run for it is the placement
-compared with the oracle. Measured (docs/benchmarks.md, "Where
-recomputation can run"): on DualPipeV at 16 ranks, the rules hide 0.82 of
-what the oracle hides and the whole checkpoints all of it (0.98 at an
-H200's ratios). EDF places each piece as late as its deadline allows, so
-it holds fewer checkpoints ahead than the rules, which prefire every
-checkpoint of a micro-batch at its gradient's receive.
+compared with the oracle. Measured (docs/benchmarks.md, "The oracle's
+fill in whole checkpoints"): on DualPipeV at 16 ranks the rules hide 0.81
+of what the oracle hides and the whole checkpoints all of it (0.83 and 0.98
+at an H200's ratios). EDF runs each piece as late as its pass allows, so on
+ZBV and DualPipeV it holds fewer checkpoints ahead than the rules, which
+prefire a micro-batch's checkpoints at its gradient's receive; on
+interleaved 1F1B as many or more.
 """
 
 from __future__ import annotations
