@@ -83,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", metavar="PATH",
                     help="write the rows as JSON: a list, one per schedule and rank count (schedule, ranks, h_rules, "
                          "h_search, h_oracle_whole, h_best, h_max, h_oracle, each also over recomputation alone as "
-                         "h_..._recompute, floor_s, oracle_s, session_s, none_s, recompute_s, overhead_s, joint_s, joint_peak_fraction, ...)")
+                         "h_..._recompute, floor_s, oracle_s, session_s, none_s, recompute_s, overhead_s, joint_s, "
+                         "joint_peak_fraction, ...)")
     pl.add_argument("--ratios", type=_ratios, default=None, metavar="B,W,R|h200",
                     help="durations at another machine's ratios: B/F, W/F and a micro-batch's recomputation over "
                          "F+B+W (h200: 1.23,0.72,0.33; Note [Durations at another machine's ratios])")
@@ -99,8 +100,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="the joint plan's offload tier moving this many GB per second to it and back (0: the "
                          "copies as the sweep's tier measured them)")
     pl.add_argument("--write-placement", metavar="PATH",
-                    help="write the placement that ends the step earliest (the rules', the oracle's in whole checkpoints "
-                         "or the search's) for the pipeline program's --placement (one schedule, one rank count)")
+                    help="write the placement that ends the step earliest (the rules', the oracle's in whole "
+                         "checkpoints or the search's) for the pipeline program's --placement (one schedule, one "
+                         "rank count)")
     pl.add_argument("--write-choices", metavar="PATH",
                     help="write the joint plan's choices for the pipeline program's --choices (enable(..., "
                          "choices=); one schedule, one rank count, with --plan-sweep)")
@@ -249,8 +251,8 @@ def _place(summaries: List[Dict[str, Any]], a: argparse.Namespace) -> int:
                   f"{h[6]:>6} {h[7]:>5} {cell(overhead, digits=2):>8} {held:>9} {best / row['session_s']:12.3f} "
                   + joint_cells, flush=True)
     print("H: (session - X) / (session - none); after |: over the step's recomputation alone; overhead: session "
-          "mode's cost beyond its recomputation, over its recomputation; whole: the oracle's fill in whole checkpoints; "
-          "held: checkpoints held ahead, rules/whole/search; best/session: the best placement's step;"
+          "mode's cost beyond its recomputation, over its recomputation; whole: the oracle's fill in whole "
+          "checkpoints; held: checkpoints held ahead, rules/whole/search; best/session: the best placement's step;"
           " joint: the joint plan's step over none's and its peak over none's")
     if a.json:
         with open(a.json, "w") as f:

@@ -45,7 +45,8 @@ def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = 
     set to ``ratios``): the steps of none, session and session without its
     recomputation, of the rules' placement, the oracle's in whole
     checkpoints, the search's (``searched``, from the better of those two),
-    the floor and the oracle, the best placement of the three, and H of each over session - none and over the
+    the floor and the oracle, the best placement of the three (within
+    ``max_held``), and H of each over session - none and over the
     recomputation alone (Note [The oracle fill and the recomputation's own
     time] in oracle.py); with ``joint``, the joint plan's step and peak
     (Note [The joint plan] in joint.py)."""
@@ -93,8 +94,10 @@ def compare(summary: Dict, schedule: str, world: int, max_held: Optional[int] = 
                   else float(joint.fraction))
         row["joint"] = joint_plan(pipeline, blocks, budget, joint.max_replays)
         row.update(joint_s=row["joint"]["joint_s"], joint_peak_fraction=row["joint"]["joint_peak_fraction"])
-    best = min(("rules", "oracle_whole", "search"), key=lambda k: row[f"{k}_s"] if row[f"{k}_s"] is not None
-               else float("inf"))
+    # the best placement: of those run, within --max-held where given (the search's always is; else the rules')
+    held = {k: row[f"{k}_held"] for k in ("rules", "oracle_whole", "search")}
+    run = [k for k in held if row[f"{k}_s"] is not None and (max_held is None or held[k] <= max_held)] or ["rules"]
+    best = min(run, key=lambda k: row[f"{k}_s"])
     row.update(best=best, best_s=row[f"{best}_s"], h_best=row[f"h_{best}"],
                best_placement=row[{"rules": "rules_placement", "oracle_whole": "oracle_whole_placement",
                                    "search": "placement"}[best]])

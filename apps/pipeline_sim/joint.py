@@ -221,8 +221,10 @@ def joint_plan(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], budg
     for rank_choices in choices:
         for c in rank_choices:
             counts[c.name] = counts.get(c.name, 0) + 1
-    return {"joint_s": result.step_s, "rank_choices": [_by_stage(r, blocks[i][1], c, search.micro_batches)
-                                                      for i, (r, c) in enumerate(zip(search.ranks, choices))], "joint_peak_fraction": max(peaks) / max(r.keep_bytes for r in search.ranks),
+    by_stage = [_by_stage(r, rank_blocks, c, search.micro_batches)
+                for r, (_, rank_blocks), c in zip(search.ranks, blocks, choices)]
+    return {"joint_s": result.step_s, "rank_choices": by_stage,
+            "joint_peak_fraction": max(peaks) / max(r.keep_bytes for r in search.ranks),
             "planner_s": start_s["planner"], "recompute_only_s": start_s["recompute_only"], "started_from": first,
             "fraction": budget if isinstance(budget, float) else None,
             "budgets": [r.budget for r in search.ranks], "peaks": peaks,

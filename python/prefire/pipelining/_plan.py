@@ -405,8 +405,8 @@ def check_choices(choices: Any, stages: List[int], micro_batches: int) -> Dict[i
             raise ValueError(f"{where}[{stage}] must list {micro_batches} micro-batches' choices, got {rows!r}")
         out[stage] = []
         for row in rows:
-            if not isinstance(row, (list, tuple)) or not all(isinstance(c, _C.Choice) or (isinstance(c, str) and c in names)
-                                                          for c in row):
+            if not isinstance(row, (list, tuple)) or \
+                    not all(isinstance(c, _C.Choice) or (isinstance(c, str) and c in names) for c in row):
                 raise ValueError(f"{where}[{stage}] lists {row!r}; each micro-batch's is a list of prefire.Choice "
                                  f"or names {list(names)}, one per block")
             out[stage].append([c if isinstance(c, _C.Choice) else names[c] for c in row])
