@@ -394,8 +394,8 @@ def check_choices(choices: Any, stages: List[int], micro_batches: int) -> Dict[i
     per micro-batch (``micro_batches`` of them), each a prefire.Choice or
     its name. ValueError naming what does not fit."""
     where = "prefire.pipelining: choices"
-    if not isinstance(choices, dict) or sorted(choices) != sorted(stages):
-        got = sorted(choices) if isinstance(choices, dict) else type(choices).__name__
+    if not isinstance(choices, dict) or set(choices) != set(stages):
+        got = list(choices) if isinstance(choices, dict) else type(choices).__name__
         raise ValueError(f"{where} must be a dict from each of this rank's stages {sorted(stages)} to its choices "
                          f"per micro-batch and block, got {got}")
     names = _C.Choice.__members__
