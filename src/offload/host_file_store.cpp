@@ -124,17 +124,35 @@ std::shared_ptr<Copy> HostFileStore::write(c10::Storage storage, std::shared_ptr
       [this, storage = std::move(storage), region = std::move(region)] { write_now(storage, *region); });
 }
 
+// Note [A lazy fetch waits before it allocates]
+// A backward may reach an offloaded block while the block's copies into the
+// tier are still queued (a slow tier, or forward just before). Its lazy fetch
+// then waits for those copies, and only after them allocates the storages it
+// reads into and forgets the copies as pending (settle()): the worker marks a
+// copy done, and wakes its waiters, before it settles, so without the settle
+// here the census would count the copy as pending and the fetched storage
+// as held at once, a block twice (seen as a plan's census over its budget by
+// a small saved tensor whose copy had just finished); and a storage made
+// before the wait would be held beside the one its copy still holds. A
+// prefetch (queued) allocates at once: its storages must exist when it
+// returns, beside whatever copies are still queued.
 TierStore::ReadBack HostFileStore::read(const std::vector<StorageCopy>& copies, bool queued) {
   ReadBack back;
+  if (!queued) {  // Note [A lazy fetch waits before it allocates]
+    for (const StorageCopy& copy : copies) {
+      if (copy.region) copy.written->wait();  // rethrows its error
+    }
+    settle();
+    for (const StorageCopy& copy : copies) {
+      back.storages.push_back(cpu_storage(copy.nbytes));
+      if (copy.region) read_region(*copy.region, back.storages.back());
+    }
+    return back;
+  }
   std::vector<std::shared_ptr<Copy>> reads;
   for (const StorageCopy& copy : copies) {
     back.storages.push_back(cpu_storage(copy.nbytes));
     if (!copy.region) continue;
-    if (!queued) {
-      copy.written->wait();  // rethrows its error
-      read_region(*copy.region, back.storages.back());
-      continue;
-    }
     // Queued after the copy into the region: that one is done when this runs.
     reads.push_back(worker_.enqueue(
         [this, region = copy.region, storage = back.storages.back(), written = copy.written]() mutable {

@@ -468,6 +468,44 @@ def test_queued_copies_count_as_held_until_written_and_backpressure_bounds_them(
         tier.max_pending_bytes = -1
 
 
+class SavesBig(torch.autograd.Function):
+    """Saves 64 times its input and gives a gradient of its input's size: a
+    backward whose memory is all in what it reads back."""
+
+    @staticmethod
+    def forward(ctx, h):
+        big = h.repeat(64, 1)
+        ctx.save_for_backward(big)
+        return h * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (big,) = ctx.saved_tensors
+        return g * big[: g.shape[0]]
+
+
+def test_a_backward_that_reaches_a_block_still_being_copied_never_holds_it_twice(tmp_path):
+    """A lazy fetch waits for the block's queued copies before it allocates
+    what it reads into, and the census stops counting them as pending
+    before it counts what was read back (Note [A lazy fetch waits before it
+    allocates]): neither the allocator nor the census sees the block twice."""
+    prefire.count_cpu_allocations()
+    tier = prefire.OffloadTier.host_file(tmp_path, TIER_BYTES, bytes_per_second=20e6)  # ~0.2 s for the 4 MiB
+    x = torch.randn(16, 1024, requires_grad=True)
+    for _ in range(2):
+        y = prefire.checkpoint(SavesBig.apply, x * 1, offload_to=tier)
+        pending = tier.pending_bytes
+        assert pending == 64 * x.nbytes, "backward starts while the saved tensor's copy is queued"
+        held = prefire.runtime_stats().held_bytes
+        prefire.reset_runtime_peak()
+        with prefire.AllocatorPeak() as peak:
+            y.sum().backward()
+        assert peak.bytes < pending // 4, "the storage read back is made once the copy has let go of forward's"
+        assert prefire.runtime_stats().peak_held_bytes == held, "the census counts the block once: pending, then read"
+        assert torch.equal(x.grad, x), "the gradient reads forward's bytes back (g * big[:16] is x)"
+        x.grad = None
+
+
 def test_a_plan_with_offload_holds_its_budget_on_its_first_step_on_a_slow_tier(tmp_path):
     """The first planned step, not only later ones: by the allocator right
     after forward (no synchronize), what the blocks hold and what their copies
