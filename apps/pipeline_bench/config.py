@@ -42,8 +42,10 @@ PLACED_MODE = "placed"
 #: plan-offload: the same with ``offload_to=`` a host file tier in the
 #: system's temporary directory (a block may also be offloaded);
 #: plan-given: ``choices=`` the simulator's joint plan (``RunConfig.choices``)
-#: in place of the planner's, at the same budget
-PLAN_MODES = ("plan", "plan-prefire", "plan-selective", "plan-offload", "plan-given")
+#: in place of the planner's, at the same budget; plan-offload-all: ``choices=``
+#: every block offloaded to that tier (what a framework's "offload
+#: activations" switch does), the baseline a plan with offload must beat
+PLAN_MODES = ("plan", "plan-prefire", "plan-selective", "plan-offload", "plan-given", "plan-offload-all")
 SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4") + PLAN_MODES
 
 
@@ -77,6 +79,9 @@ class RunConfig:
     placement: Optional[Dict[str, Any]] = None
     #: plan-given mode: the choices of the simulator's joint plan (``place --write-choices``), every rank's
     choices: Optional[Dict[str, Any]] = None
+    #: plan-offload, plan-given and plan-offload-all: the host file tier's pace (bytes_per_second=; 0: as fast as
+    #: this machine writes and reads the file)
+    tier_bytes_per_second: float = 0.0
 
     @staticmethod
     def from_json(text: str) -> "RunConfig":

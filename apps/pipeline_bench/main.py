@@ -77,6 +77,9 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     if ("plan-given" in modes) != (config.choices is not None):
         raise ValueError("plan-given mode runs given choices and choices need plan-given mode (python -m "
                          "pipeline_bench.sweep --choices FILE)")
+    if not 0 <= config.tier_bytes_per_second < float("inf"):
+        raise ValueError(f"the tier's pace must be a finite number of bytes per second >= 0 (0: unpaced), got "
+                         f"{config.tier_bytes_per_second!r}")
     if config.choices is not None:
         check_placement_file(config.choices, config.schedule, world, config.model.micro_batches, what="choices")
     if config.schedule == "1f1b" and {"prefire", "budget", PLACED_MODE} & set(modes):

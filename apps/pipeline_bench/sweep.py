@@ -171,9 +171,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="also each budget's plan-given run: the simulator's joint plan in place of the planner's "
                         "(python -m pipeline_sim place ... --plan-sweep S.json --write-choices FILE; ValueError where "
                         "it holds more than the budget)")
+    p.add_argument("--offload-all", action="store_true",
+                   help="also each budget's plan-offload-all run: every block offloaded to the tier (the baseline a "
+                        "plan with offload must beat)")
+    p.add_argument("--tier-bandwidth", type=float, default=0.0, metavar="GB/S",
+                   help="pace the offload tier: each copy, either way, takes at least its bytes / this (0: unpaced)")
     p.add_argument("--uniform-budget", action="store_true",
                    help="one budget for every rank: each fraction of the most none held on any rank (what an SPMD "
                         "script passes), not of what none held on each rank")
+    p.add_argument("--plans-only", action="store_true",
+                   help="none (what the budgets are shares of) and the plan runs only, without torch's "
+                        "configurations and session: fewer runs taking turns, for the paired ratios to none")
     p.add_argument("--tiny", action="store_true", help="a tiny model (the test's)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plot", metavar="PATH")
@@ -181,13 +189,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     model = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2) if a.tiny \
         else ModelConfig()
     fractions = tuple(float(f) for f in a.memory_budgets.split(",") if f)
-    modes = TORCH + ("session", "plan") + (("plan-prefire",) if a.prefire else ()) + \
+    modes = (("none",) if a.plans_only else TORCH + ("session",)) + ("plan",) + \
+        (("plan-prefire",) if a.prefire else ()) + \
         (("plan-selective",) if a.selective else ()) + (("plan-offload",) if a.offload else ()) + \
-        (("plan-given",) if a.choices else ())
+        (("plan-given",) if a.choices else ()) + (("plan-offload-all",) if a.offload_all else ())
     choices = read_json_option(p, "--choices", a.choices)
     config = RunConfig(model=model, schedule=a.schedule, modes=modes, steps=a.steps, warmup=a.warmup,
                        memory_budgets=fractions, uniform_budget=a.uniform_budget, meter_blocks=True, timeout_s=600.0,
-                       choices=choices)
+                       choices=choices, tier_bytes_per_second=a.tier_bandwidth * 1e9)
     try:
         summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as e:

@@ -179,8 +179,12 @@ class ModeRun:
                                               placement=rank_placement(cfg.placement, rank))
         elif mode in PLAN_MODES:  # the first step measures; its budget is set from what it found (step())
             given = rank_choices(cfg.choices, rank) if mode == "plan-given" else None
+            if mode == "plan-offload-all":
+                given = {i: [["OFFLOAD"] * len(m.blocks)] * cfg.model.micro_batches
+                         for i, m in zip(self.indices, self.modules)}
             named = {c for rows in (given or {}).values() for row in rows for c in row}
-            tier = (prefire.OffloadTier.host_file(tempfile.gettempdir(), OFFLOAD_TIER_BYTES)
+            tier = (prefire.OffloadTier.host_file(tempfile.gettempdir(), OFFLOAD_TIER_BYTES,
+                                                  bytes_per_second=cfg.tier_bytes_per_second)
                     if mode == "plan-offload" or "OFFLOAD" in named else None)
             self.sessions = pipelining.enable(self.schedule, memory_budget=1 << 62, bubble=mode == "plan-prefire",
                                               selective=mode == "plan-selective" or "SELECTIVE" in named,
@@ -218,7 +222,7 @@ class ModeRun:
             # the sweep's lowest point: the least budget every step holds, the measuring one included (it
             # checkpoints every block); with offload_to, the least any plan holds (below that, warned)
             least = sessions.least_memory_budget()
-            if self.mode not in ("plan-offload", "plan-given"):
+            if self.mode not in ("plan-offload", "plan-given", "plan-offload-all"):
                 least = max(least, prefire.plan_bytes(costs, [True] * len(costs)))
             # what none mode held on this rank so far, or without it what keeping every block holds by the plan
             most = (max(s["peak_held_bytes"] for s in self.none.steps) if self.none is not None and self.none.steps

@@ -86,11 +86,15 @@
 //     be, in its pass and as a prefire when fetched ahead: the fetched copy is
 //     what the recomputation would have made.
 //  3. It costs a step the copies' time the compute beside them does not hide,
-//     offload_seconds * (1 - offload_hidden), weighed against the other
+//     offload_seconds * (1 - offload_hidden) + the part of the hidden share
+//     longer than the block's recompute_seconds, weighed against the other
 //     choices by that one measure (Plan::recompute_seconds, "seconds added").
 //  4. offload_hidden is kOffloadHidden, one half: the copy into the tier runs
 //     on the tier's worker or copy stream behind the work after the block's
-//     forward; the fetch is counted on the critical path of the backward that
+//     forward, and hides behind about one block's forward (the next block's,
+//     which takes about what this one's recomputation does): a copy longer
+//     than that keeps the next forward waiting for the rest (rule 6). The
+//     fetch is counted on the critical path of the backward that
 //     needs it (a pipeline's B fetches when it reaches the block unless a
 //     bubble prefire fetched it ahead; a plain backward fetches ahead as far
 //     as the plan leaves room, Note [A reload schedule for a plain backward]
@@ -103,9 +107,15 @@
 //     ahead of the copies: the planners set the tier's max_pending_bytes to
 //     the budget less the plan's peak (Note [Backpressure on copies into a
 //     tier] in src/offload/tier_store.cpp), and both refuse a plan that keeps
-//     more in the tier at once than it holds (rule 7). What forward
-//     waits for there is not in the hidden share of rule 4: on a slow tier at
-//     a tight budget the copies cost more than the plan counts.
+//     more in the tier at once than it holds (rule 7). A plan that fills its
+//     budget leaves no room for a copy in flight, and every copy into the
+//     tier then keeps forward waiting (measured on 2 ranks at 1 GB/s: a
+//     stage's forward of two offloaded blocks 12 ms longer, the copies 8 ms):
+//     so a plan that offloads adds what rule 3 says only where it also
+//     leaves copy_room() (its largest offloaded block's moved bytes) below
+//     the budget, room for the one copy rule 4 hides; without it, every
+//     offloaded block's copies whole (plan_seconds(): Plan::recompute_seconds,
+//     and what plan_for_budget() chooses by).
 //  7. The tier holds an offloaded block's moved bytes for every micro-batch
 //     it holds (BlockCost::alive at each moment, in_flight without moments;
 //     in one backward pass every offloaded block at the end of forward):
@@ -372,6 +382,24 @@ int64_t held(const std::vector<BlockCost>& blocks, const Choices& choices, int64
                                          : held_at_step_end(blocks, choices, ahead);
 }
 
+int64_t copy_room(const std::vector<BlockCost>& blocks, const Choices& choices) {
+  int64_t room = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (choices[i] == Choice::kOffload) room = std::max(room, blocks[i].offload_moved_bytes);
+  }
+  return room;
+}
+
+double plan_seconds(const std::vector<BlockCost>& blocks, const Choices& choices, int64_t bytes,
+                    int64_t memory_budget) {
+  if (add_product(bytes, 1, copy_room(blocks, choices)) <= memory_budget) return recompute_seconds(blocks, choices);
+  double total = 0;  // forward waits for every copy into the tier
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    total += choices[i] == Choice::kOffload ? blocks[i].offload_seconds : choice_seconds(blocks[i], choices[i]);
+  }
+  return total;
+}
+
 Plan describe(const std::vector<BlockCost>& blocks, const Choices& choices, int64_t memory_budget, int64_t ahead,
               Release release) {
   Plan plan;
@@ -383,7 +411,7 @@ Plan describe(const std::vector<BlockCost>& blocks, const Choices& choices, int6
   }
   plan.prefire_ahead = ahead;
   plan.peak_bytes = held(blocks, choices, ahead, release);
-  plan.recompute_seconds = recompute_seconds(blocks, choices);
+  plan.recompute_seconds = plan_seconds(blocks, choices, plan.peak_bytes, memory_budget);
   plan.memory_budget = memory_budget;
   plan.pass_bytes = pass_bytes(blocks, choices);
   if (release == Release::kInBackward) {
@@ -421,8 +449,10 @@ double choice_seconds(const BlockCost& b, Choice c) {
       return b.recompute_seconds;
     case Choice::kSelective:
       return b.selective_seconds;
-    case Choice::kOffload:
-      return b.offload_seconds * (1 - b.offload_hidden);
+    case Choice::kOffload: {  // Note [Offloaded blocks in a plan], rules 3 and 4
+      const double hidden = b.offload_seconds * b.offload_hidden;
+      return b.offload_seconds - hidden + std::max(0.0, hidden - b.recompute_seconds);
+    }
   }
   return 0.0;
 }

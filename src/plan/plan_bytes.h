@@ -32,6 +32,17 @@ size_t moments(const std::vector<BlockCost>& blocks);
 /// What the plan `choices` holds at most with `ahead` blocks prefired.
 int64_t held(const std::vector<BlockCost>& blocks, const Choices& choices, int64_t ahead, Release release);
 
+/// The room a plan that offloads leaves for one copy into the tier in flight
+/// beside forward: its largest offloaded block's moved bytes; 0 without
+/// offload (Note [Offloaded blocks in a plan], rule 6).
+int64_t copy_room(const std::vector<BlockCost>& blocks, const Choices& choices);
+
+/// What the plan `choices`, holding `bytes`, adds to a step within
+/// `memory_budget`: recompute_seconds(), or where it leaves no copy_room(),
+/// every offloaded block's copies whole (rule 6).
+double plan_seconds(const std::vector<BlockCost>& blocks, const Choices& choices, int64_t bytes,
+                    int64_t memory_budget);
+
 /// The plan `choices` with everything a runtime reads of it (Plan's fields).
 Plan describe(const std::vector<BlockCost>& blocks, const Choices& choices, int64_t memory_budget, int64_t ahead,
               Release release);

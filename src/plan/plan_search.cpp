@@ -36,7 +36,8 @@
 //    byte it keeps first, where plan_bytes() says the plan still fits, then
 //    the same with selective checkpoints for those left; before the keeping,
 //    every block whose offload costs less than its recomputation is
-//    offloaded where that fits (it frees what the checkpoint held too).
+//    offloaded where that fits with room for a copy in flight (it frees
+//    what the checkpoint held too; Note [Offloaded blocks in a plan], rule 6).
 //  * kInBackward: the constraints are per position, so a dynamic program
 //    over the blocks in forward order, its state what blocks 0..j hold;
 //    checkpointing j (either way) needs its recomputation to fit on top of
@@ -51,9 +52,16 @@
 // with four choices per block may miss a plan that the search over fewer
 // finds (exhaustively, there), so the plan for the same blocks without
 // offloading (and, in turn, without selective checkpoints) is a candidate too,
-// where it fits. Then what the budget leaves goes to prefiring
-// ahead. Cost: (distinct sizes) x blocks x kCapacityUnits, or blocks x
-// kCapacityUnits.
+// where it fits. A plan that offloads is weighed by plan_seconds(): as
+// rule 3 of Note [Offloaded blocks in a plan] counts it where it leaves room
+// for a copy in flight, with its copies whole where it does not (rule 6);
+// the knapsack and the dynamic program count per block, so each runs again
+// for every room R a block's moved bytes make (offloading only blocks that
+// move at most R, within the budget less R) and once with every copy
+// exposed, and the candidates are compared by plan_seconds(). Then what the
+// budget leaves (beside that room) goes to prefiring ahead. Cost: (distinct
+// sizes) x (distinct moved bytes + 2) x blocks x kCapacityUnits, or
+// (distinct moved bytes + 2) x blocks x kCapacityUnits.
 
 // Note [The least plan]
 // least_plan_bytes() is the bound plan_for_budget() refuses below, so it
@@ -80,6 +88,7 @@ namespace prefire {
 namespace {
 
 using plan_detail::add_product;
+using plan_detail::copy_room;
 using plan_detail::Choices;
 using plan_detail::has_offload;
 using plan_detail::has_selective;
@@ -172,10 +181,10 @@ Choices greedy(const std::vector<BlockCost>& blocks, int64_t budget, Release rel
                                                                                        blocks[i].input_bytes));
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return per_byte(a) > per_byte(b); });
-  auto try_choice = [&](size_t i, Choice c) {
+  auto try_choice = [&](size_t i, Choice c) {  // an offload with room for its copy (Note [Offloaded blocks in a plan])
     const Choice before = choices[i];
     choices[i] = c;
-    if (held(blocks, choices, 0, release) > budget) choices[i] = before;
+    if (add_product(held(blocks, choices, 0, release), 1, copy_room(blocks, choices)) > budget) choices[i] = before;
   };
   for (size_t i : order) {
     if (has_offload(blocks[i]) && choice_seconds(blocks[i], kOffload) < blocks[i].recompute_seconds) {
@@ -344,6 +353,32 @@ std::optional<std::vector<BlockCost>> without(std::vector<BlockCost> blocks, Cho
   return blocks;
 }
 
+// The distinct moved bytes of the blocks that offer offloading: the rooms a plan that offloads may leave.
+std::vector<int64_t> copy_rooms(const std::vector<BlockCost>& blocks) {
+  std::vector<int64_t> rooms;
+  for (const BlockCost& b : blocks) {
+    if (has_offload(b)) rooms.push_back(b.offload_moved_bytes);
+  }
+  std::sort(rooms.begin(), rooms.end());
+  rooms.erase(std::unique(rooms.begin(), rooms.end()), rooms.end());
+  return rooms;
+}
+
+// `blocks` offering offload only where a block moves at most `room` bytes: a plan of them chosen within the
+// budget less `room` leaves room for its copy in flight (Note [Offloaded blocks in a plan], rule 6).
+std::vector<BlockCost> offloading_within(std::vector<BlockCost> blocks, int64_t room) {
+  for (BlockCost& b : blocks) {
+    if (b.offload_moved_bytes > room) b.offload_bytes = -1;
+  }
+  return blocks;
+}
+
+// `blocks` with nothing of their copies hidden: what a plan without room for a copy in flight adds (rule 6).
+std::vector<BlockCost> copies_exposed(std::vector<BlockCost> blocks) {
+  for (BlockCost& b : blocks) b.offload_hidden = 0;
+  return blocks;
+}
+
 std::vector<int64_t> distinct_sizes(const std::vector<BlockCost>& blocks) {
   std::vector<int64_t> sizes;
   for (const BlockCost& b : blocks) sizes.push_back(b.saved_bytes);
@@ -409,7 +444,7 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t memory_budget
   auto consider = [&](const Choices& choices) {
     const int64_t bytes = held(blocks, choices, 0, release);
     if (bytes > memory_budget) return;
-    const double seconds = plan_detail::recompute_seconds(blocks, choices);
+    const double seconds = plan_detail::plan_seconds(blocks, choices, bytes, memory_budget);
     if (found && (seconds > chosen_seconds || (seconds == chosen_seconds && bytes >= chosen_bytes))) return;
     found = true;
     chosen = choices;
@@ -425,15 +460,28 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t memory_budget
     consider(choices);
   }
   consider(least_plan);  // one fits: the budget is at least what it holds
+  const std::vector<int64_t> rooms = copy_rooms(blocks);
   for (int64_t largest : distinct_sizes(blocks)) {
     consider(below(blocks, largest));
     if (release == Release::kAtStepEnd && !exhaustive(blocks, release)) {
       const int64_t base = bytes_below(blocks, largest);
-      if (base <= memory_budget) consider(knapsack(blocks, largest, memory_budget - base));
+      if (base <= memory_budget) {
+        consider(knapsack(blocks, largest, memory_budget - base));
+        if (!rooms.empty()) consider(knapsack(copies_exposed(blocks), largest, memory_budget - base));
+      }
+      for (int64_t room : rooms) {  // the same, leaving room for a copy in flight
+        if (add_product(base, 1, room) <= memory_budget) {
+          consider(knapsack(offloading_within(blocks, room), largest, memory_budget - base - room));
+        }
+      }
     }
   }
   if (release == Release::kInBackward) {
     consider(by_position(blocks, memory_budget));
+    if (!rooms.empty()) consider(by_position(copies_exposed(blocks), memory_budget));
+    for (int64_t room : rooms) {
+      if (room <= memory_budget) consider(by_position(offloading_within(blocks, room), memory_budget - room));
+    }
     Choices fits;
     if (least_in_backward(blocks, memory_budget, &fits)) consider(fits);
   }
@@ -449,10 +497,14 @@ Plan plan_for_budget(const std::vector<BlockCost>& blocks, int64_t memory_budget
       break;
     }
   }
-  // what is left goes to prefiring ahead
+  // what is left (beside the copy's room, where it had it) goes to prefiring ahead
   const int64_t checkpoints = std::count_if(chosen.begin(), chosen.end(), [](Choice c) { return c != kKeep; });
+  const int64_t copy = copy_room(blocks, chosen);
+  const int64_t room = add_product(chosen_bytes, 1, copy) <= memory_budget ? copy : 0;
   int64_t ahead = 0;
-  while (ahead + 1 < checkpoints && held(blocks, chosen, ahead + 1, release) <= memory_budget) ++ahead;
+  while (ahead + 1 < checkpoints && add_product(held(blocks, chosen, ahead + 1, release), 1, room) <= memory_budget) {
+    ++ahead;
+  }
   return plan_detail::describe(blocks, chosen, memory_budget, ahead, release);
 }
 

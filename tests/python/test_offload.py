@@ -375,14 +375,22 @@ def test_zbv_on_two_ranks_plans_with_offload_hold_their_budgets_with_exact_gradi
     from pipeline_bench.sweep import rows
 
     tiny = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
-    cfg = RunConfig(model=tiny, schedule="zbv", modes=("none", "torch", "session", "plan", "plan-offload"),
-                    memory_budgets=(0.0, 0.5), meter_blocks=True, steps=2, warmup=2, timeout_s=120)
+    pace = 50e6  # bytes per second each way: a few ms per block here
+    cfg = RunConfig(model=tiny, schedule="zbv",
+                    modes=("none", "torch", "session", "plan", "plan-offload", "plan-offload-all"),
+                    memory_budgets=(0.0, 0.5), meter_blocks=True, steps=2, warmup=2, timeout_s=120,
+                    tier_bytes_per_second=pace)
     summary = run(cfg, world=2)
     assert no_children_left()
     sweep = {r["name"]: r for r in rows(summary)}
-    assert set(sweep) == {"plan 0%", "plan 50%", "plan-offload 0%", "plan-offload 50%"}
+    assert set(sweep) == {f"{m} {f}%" for m in ("plan", "plan-offload", "plan-offload-all") for f in (0, 50)}
     for name, r in sweep.items():
         assert r["within_budget"] and r["exact"], (name, r)
+    for rank in sweep["plan-offload-all 50%"]["plan"]:  # every block of every micro-batch, whatever the budget
+        assert {c for per_stage in rank.values() for blocks in per_stage for c in blocks} == {"OFFLOAD"}, rank
+    for r in summary["modes"]["plan-offload 50%"]["ranks"]:  # the planner measured the paced tier
+        for cost in r["plan_costs"]:
+            assert cost["offload_seconds"] >= 2 * cost["offload_moved_bytes"] / pace, cost
     # the least budget with offload is at most the recompute-only plan's; where it is below, only a plan that
     # offloads fits (which blocks, above it, is the measured times' call)
     least = list(zip(sweep["plan-offload 0%"]["budgets"], sweep["plan 0%"]["budgets"]))

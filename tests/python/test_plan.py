@@ -345,16 +345,25 @@ def test_costs_and_plans_go_by_field_name():
 
 def test_offload_is_the_fourth_choice_where_its_costs_are_given():
     """Note [Offloaded blocks in a plan]: offload_bytes -1 offers nothing;
-    given, a block whose copies hide costs less than its recomputation."""
-    def block(offload_bytes=-1):
+    given, a block whose copy into the tier hides behind a forward costs
+    its fetch, and is chosen over its recomputation where the plan leaves
+    room for one copy in flight; where it does not, every copy would keep
+    forward waiting, and the planner recomputes instead."""
+    def block(offload_bytes=-1, offload_seconds=1.5e-3):
         return prefire.BlockCost(saved_bytes=12 << 20, input_bytes=1 << 20, recompute_seconds=1e-3, in_flight=2,
-                                 offload_bytes=offload_bytes, offload_moved_bytes=13 << 20, offload_seconds=2e-3,
-                                 offload_hidden=0.9)
+                                 offload_bytes=offload_bytes, offload_moved_bytes=13 << 20,
+                                 offload_seconds=offload_seconds, offload_hidden=0.5)
+    assert prefire.choice_seconds(block(0), prefire.Choice.OFFLOAD) == pytest.approx(0.75e-3)
+    # a copy into the tier longer than a forward (the recomputation's time) leaves the rest exposed
+    assert prefire.choice_seconds(block(0, 4e-3), prefire.Choice.OFFLOAD) == pytest.approx(2e-3 + 1e-3)
     none = prefire.plan_bytes([block()] * 4, [False] * 4, 0, prefire.Release.AT_STEP_END)
-    plan = prefire.plan_for_budget([block(0)] * 4, none // 4)
-    assert list(plan.choices) == [prefire.Choice.OFFLOAD] * 4 and list(plan.offloaded) == [True] * 4
-    assert plan.recompute_seconds == pytest.approx(4 * 2e-3 * 0.1)
-    assert prefire.choice_seconds(block(0), prefire.Choice.OFFLOAD) == pytest.approx(2e-4)
+    roomy = prefire.plan_for_budget([block(0)] * 4, none // 3)  # the fetch's 12 MiB and a 13 MiB copy fit
+    assert list(roomy.choices) == [prefire.Choice.OFFLOAD] * 4 and list(roomy.offloaded) == [True] * 4
+    assert roomy.recompute_seconds == pytest.approx(4 * 0.75e-3)
+    assert roomy.peak_bytes + (13 << 20) <= none // 3
+    tight = prefire.plan_for_budget([block(0)] * 4, none // 4)  # offloading fits, a copy in flight beside it not
+    assert prefire.describe_plan([block(0)] * 4, [prefire.Choice.OFFLOAD] * 4, none // 4).peak_bytes <= none // 4
+    assert list(tight.choices) == [prefire.Choice.CHECKPOINT] * 4, tight.choices
     recompute_only = prefire.plan_for_budget([block()] * 4, none // 4)
     assert prefire.Choice.OFFLOAD not in list(recompute_only.choices)
     assert recompute_only.recompute_seconds == pytest.approx(4e-3)
