@@ -125,9 +125,10 @@ int64_t plan_bytes(const std::vector<BlockCost>& blocks, const std::vector<bool>
                    const std::vector<bool>& selective = {});
 
 /// The part of an offloaded block's copies the compute beside them hides: the
-/// copy into the tier, which runs behind the work after the block's forward;
-/// not the fetch, which its backward waits for unless it was prefetched (Note
-/// [Offloaded blocks in a plan]).
+/// copy into the tier, which runs behind the work after the block's forward
+/// (up to about one forward: the block's recompute_seconds); not the fetch,
+/// which its backward waits for unless it was prefetched (Note [Offloaded
+/// blocks in a plan]).
 inline constexpr double kOffloadHidden = 0.5;
 
 /// `block` with offloading offered: its copies move `moved_bytes` each way in
@@ -149,7 +150,8 @@ std::vector<Choice> offered_choices(const BlockCost& block);
 /// Seconds choice `choice` adds to a step over keeping `block` (0 kept; its
 /// recomputation; its selective checkpoint's, Note [Selective checkpoints in a
 /// plan]; offloaded, its copies' time the compute does not hide,
-/// offload_seconds * (1 - offload_hidden), Note [Offloaded blocks in a plan]).
+/// offload_seconds * (1 - offload_hidden) and what of the hidden share is
+/// longer than recompute_seconds, Note [Offloaded blocks in a plan]).
 double choice_seconds(const BlockCost& block, Choice choice);
 
 /// The least any plan holds (nothing prefired): the bound plan_for_budget()
