@@ -617,6 +617,21 @@ TEST(Plan, OffloadComesFirstWhereItsCopiesHideAndNeverWithoutItsCosts) {
   // at a budget that fits it but no copy beside it, forward would wait for every copy: the copies count whole
   EXPECT_NEAR(prefire::describe_plan(blocks, std::vector<prefire::Choice>(4, prefire::Choice::kOffload), none / 4).recompute_seconds,
               4 * 1e-3, 1e-12);
+  // per block: the roomy plan's offloaded blocks their exposed 5 %; a tight one's its offloaded blocks' copies whole
+  // and its recomputed block its recomputation (the simulator replays a plan by these)
+  for (const double s : plan.block_seconds) EXPECT_NEAR(s, 1e-3 * 0.05, 1e-12);
+  const std::vector<prefire::Choice> mixed{prefire::Choice::kOffload, prefire::Choice::kOffload,
+                                           prefire::Choice::kCheckpoint, prefire::Choice::kKeep};
+  const prefire::Plan tight = prefire::describe_plan(blocks, mixed, prefire::describe_plan(blocks, mixed, 0).peak_bytes);
+  ASSERT_EQ(tight.block_seconds.size(), 4U);
+  EXPECT_NEAR(tight.block_seconds[0], 1e-3, 1e-12);
+  EXPECT_NEAR(tight.block_seconds[1], 1e-3, 1e-12);
+  EXPECT_NEAR(tight.block_seconds[2], 1e-3, 1e-12);
+  EXPECT_EQ(tight.block_seconds[3], 0.0);
+  const prefire::Plan roomy = prefire::describe_plan(blocks, mixed, tight.peak_bytes + (13 << 20));
+  EXPECT_NEAR(roomy.block_seconds[0], 1e-3 * 0.05, 1e-12);
+  EXPECT_NEAR(roomy.block_seconds[2], 1e-3, 1e-12);
+  EXPECT_NEAR(roomy.recompute_seconds, 2 * 1e-3 * 0.05 + 1e-3, 1e-12);
   // without the fourth choice the same budget recomputes every block: 10x the seconds
   for (auto& b : blocks) b.offload_bytes = -1;
   const prefire::Plan recompute_only = prefire::plan_for_budget(blocks, none / 4);

@@ -11,7 +11,9 @@ offloading with recomputing by seconds alone. The joint plan chooses by
 the replayed step (Note [What the simulator replays]; a plan's passes as
 Note [Searching per-block plans] replays them: none's durations plus the
 share of session's recomputation its blocks recompute, an offloaded
-block's its copies' exposed seconds):
+block's its copies' exposed seconds, or its copies whole where the rank's
+plan leaves no room for one in flight: ``Plan.block_seconds``, rule 6 of
+Note [Offloaded blocks in a plan]):
 
 1. It starts from the better replayed of the planner's own plans at the
    budget: offered every choice, and offered no offload (recompute only;
@@ -44,7 +46,7 @@ import prefire
 from prefire.pipelining.plans import rank_items
 
 from .place import objective
-from .plan_search import with_plan, without_offload
+from .plan_search import item_slots, laid_out, with_plan, without_offload
 from .replay import Pipeline, Replay
 
 RELEASE = prefire.Release.AT_STEP_END
@@ -89,14 +91,7 @@ def _ranks(pipeline: Pipeline, blocks: Sequence[Tuple[int, List[Any]]], budget: 
         keep = prefire.describe_plan(items, [prefire.Choice.KEEP] * len(items), 0, 0, RELEASE).peak_bytes
         least = prefire.least_plan_bytes(items, RELEASE)
         wanted = int(budget * keep) if isinstance(budget, float) else int(budget[rank])
-        r = _Rank(items, offset, max(wanted, least), keep, least <= wanted)
-        start = 0
-        while start < len(rank_blocks):  # items: stage by stage, then micro-batch, then block
-            end = start
-            while end < len(rank_blocks) and rank_blocks[end].group == rank_blocks[start].group:
-                end += 1
-            r.slots += [(b, mb) for mb in range(micro_batches) for b in range(start, end)]
-            start = end
+        r = _Rank(items, offset, max(wanted, least), keep, least <= wanted, item_slots(rank_blocks, micro_batches))
         r.offered = [prefire.offered_choices(item) for item in items]
         out.append(r)
         offset += len(rank_blocks)
@@ -115,11 +110,16 @@ class _Search:
 
     def run(self, choices: List[List[Any]]) -> Replay:
         self.replays += 1
-        options = [[prefire.Choice.KEEP] * len(self.blocks) for _ in range(self.micro_batches)]
-        for r, rank_choices in zip(self.ranks, choices):
-            for (block, mb), choice in zip(r.slots, rank_choices):
-                options[mb][r.offset + block] = choice
-        costs = with_plan(self.pipeline.costs, self.blocks, options)
+        options: List[List[Any]] = [[] for _ in range(self.micro_batches)]
+        seconds: List[List[float]] = [[] for _ in range(self.micro_batches)]
+        for r, rank_choices in zip(self.ranks, choices):  # what each choice adds as the rank's plan counts it
+            plan = prefire.describe_plan(r.items, list(rank_choices), r.budget, 0, RELEASE)
+            n_blocks = len(r.items) // self.micro_batches
+            rank_options, rank_seconds = laid_out(plan, r.slots, self.micro_batches, n_blocks)
+            for mb in range(self.micro_batches):
+                options[mb] += rank_options[mb]
+                seconds[mb] += rank_seconds[mb]
+        costs = with_plan(self.pipeline.costs, self.blocks, options, seconds)
         return dataclasses.replace(self.pipeline, costs=costs).run("plan")
 
     def planner(self, offload: bool) -> Optional[List[List[Any]]]:

@@ -8,10 +8,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import prefire
 from pipeline_bench.config import SCHEDULES, stage_rank
-from prefire.pipelining.plans import rank_blocks, rank_items, stage_plans
+from prefire.pipelining.plans import rank_blocks, rank_items
 
 from .measured import measured_costs
-from .plan_search import Bandwidth, directions, with_bandwidth, with_plan, without_offload
+from .plan_search import Bandwidth, directions, item_slots, laid_out, with_bandwidth, with_plan, without_offload
 from .predict import measured_stage, scaled_costs
 from .replay import overlaps, rank_orders, replay
 
@@ -115,8 +115,9 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
              for rank, blocks in rank_plan_blocks(measured, measured_stages, schedule, world, bandwidth)]
     all_blocks = [b for _, blocks, _ in ranks for b in blocks]
 
-    def step(options: List[List[Any]]) -> float:
-        return replay(orders, rank_of, n_stages, with_plan(costs, all_blocks, options), "plan", groups).step_s
+    def step(options: List[List[Any]], seconds: List[List[float]]) -> float:
+        return replay(orders, rank_of, n_stages, with_plan(costs, all_blocks, options, seconds), "plan",
+                      groups).step_s
 
     none_s = replay(orders, rank_of, n_stages, costs, "none", groups).step_s
     rows = []
@@ -127,6 +128,7 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
                                "bandwidth_assumed": assumed}
         for kind in ("offload", "recompute"):
             options: List[List[Any]] = [[] for _ in range(micro_batches)]  # per micro-batch, every rank's blocks
+            seconds: List[List[float]] = [[] for _ in range(micro_batches)]  # what each adds, as its plan counts
             budgets, held, fits, offloaded, items_in_all = [], [], True, 0, 0
             for rank, with_offload, without in ranks:
                 blocks = with_offload if kind == "offload" else without
@@ -139,10 +141,12 @@ def predict_plans(summary: Dict[str, Any], world: int, fractions: Sequence[float
                 held.append(plan.peak_bytes)
                 offloaded += sum(c == prefire.Choice.OFFLOAD for c in plan.choices)
                 items_in_all += len(items)
-                for stage_plan in stage_plans(plan, blocks, micro_batches):
-                    for m, choices in enumerate(stage_plan.choices):
-                        options[m] += choices
-            row[kind] = {"step_s": step(options), "fits": fits, "budgets": budgets, "peak_bytes": held,
+                rank_options, rank_seconds = laid_out(plan, item_slots(blocks, micro_batches), micro_batches,
+                                                      len(blocks))
+                for m in range(micro_batches):
+                    options[m] += rank_options[m]
+                    seconds[m] += rank_seconds[m]
+            row[kind] = {"step_s": step(options, seconds), "fits": fits, "budgets": budgets, "peak_bytes": held,
                          "offloaded_items": offloaded, "items": items_in_all}
         row["offload_over_recompute"] = row["offload"]["step_s"] / row["recompute"]["step_s"]
         rows.append(row)

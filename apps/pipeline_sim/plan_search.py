@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import prefire
 import prefire.pipelining.plans
 from pipeline_bench.config import SCHEDULES, stage_rank
 from prefire.pipelining.actions import Action
+from prefire.pipelining.plans import rank_items
 
 from .measured import measured_costs
 from .replay import Costs, overlaps, rank_orders, replay
@@ -29,8 +30,9 @@ from .replay import Costs, overlaps, rank_orders, replay
 # some of its blocks checkpointed takes none mode's time for its kind plus
 # session mode's extra (its recomputation) in the share of the stage's
 # recomputation seconds those blocks recompute (a selective one its
-# selective seconds, an offloaded one its copies' exposed seconds, Note
-# [Offloaded blocks in a plan]); the rest of the replay is as in Note [What
+# selective seconds, an offloaded one its copies' exposed seconds, or whole
+# where the rank's plan leaves no room for a copy in flight: what
+# Plan.block_seconds counts, Note [Offloaded blocks in a plan]); the rest of the replay is as in Note [What
 # the simulator replays]. Offloaded blocks (a sweep's plan-offload runs) are
 # tried too; their copies take what the tier measured on the run's machine,
 # or, with --bandwidth, moved bytes / bandwidth to the tier plus back (an assumed tier:
@@ -75,15 +77,40 @@ def with_bandwidth(costs: List[Any], bandwidth: Bandwidth) -> List[Any]:
             if c.offload_bytes >= 0 else c for c in costs]
 
 
-def _plan_bytes(blocks: Sequence[Any], choices: Sequence[Any]) -> int:
-    return prefire.describe_plan(list(blocks), list(choices), 0, 0, prefire.Release.AT_STEP_END).peak_bytes
+def item_slots(rank_blocks: Sequence[Any], micro_batches: int) -> List[Tuple[int, int]]:
+    """Per item of ``rank_items(rank_blocks, ...)`` (stage by stage, then
+    micro-batch, then block): its block in the rank and its micro-batch."""
+    slots: List[Tuple[int, int]] = []
+    start = 0
+    while start < len(rank_blocks):
+        end = start
+        while end < len(rank_blocks) and rank_blocks[end].group == rank_blocks[start].group:
+            end += 1
+        slots += [(b, mb) for mb in range(micro_batches) for b in range(start, end)]
+        start = end
+    return slots
 
 
-def with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[Any]]) -> Costs:
+def laid_out(plan: Any, slots: Sequence[Tuple[int, int]], micro_batches: int,
+             n_blocks: int) -> Tuple[List[List[Any]], List[List[float]]]:
+    """A rank's ``plan`` of its items (``item_slots``) as per micro-batch, per
+    block: its choices and what each adds (``Plan.block_seconds``)."""
+    choices: List[List[Any]] = [[None] * n_blocks for _ in range(micro_batches)]
+    seconds = [[0.0] * n_blocks for _ in range(micro_batches)]
+    for (block, mb), choice, s in zip(slots, plan.choices, plan.block_seconds):
+        choices[mb][block], seconds[mb][block] = choice, s
+    return choices, seconds
+
+
+def with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[Any]],
+              seconds: Optional[Sequence[Sequence[float]]] = None) -> Costs:
     """``costs`` with a mode "plan": per stage and micro-batch (``options``:
     per micro-batch, a choice per block), none's durations plus session's
     extra in the share of the stage's recomputation the plan recomputes
-    there."""
+    there. ``seconds``, shaped as ``options``: what each choice adds as its
+    rank's plan counts it (``Plan.block_seconds``: an offloaded block's
+    copies whole where the plan leaves no room for one in flight); without
+    it, ``choice_seconds``."""
     total: Dict[int, float] = {}
     for cost in blocks:
         total[cost.group] = total.get(cost.group, 0.0) + cost.recompute_seconds
@@ -91,8 +118,9 @@ def with_plan(costs: Costs, blocks: Sequence[Any], options: Sequence[Sequence[An
     instance: Dict[Action, float] = {}
     for mb, per_block in enumerate(options):
         chosen: Dict[int, float] = {}
-        for cost, o in zip(blocks, per_block):
-            chosen[cost.group] = chosen.get(cost.group, 0.0) + prefire.choice_seconds(cost, o)
+        for i, (cost, o) in enumerate(zip(blocks, per_block)):
+            s = prefire.choice_seconds(cost, o) if seconds is None else seconds[mb][i]
+            chosen[cost.group] = chosen.get(cost.group, 0.0) + s
         for (kind, stage), base in none.items():
             share = chosen.get(stage, 0.0) / total[stage] if total.get(stage) else 0.0
             instance[(kind, stage, mb)] = base + share * max(0.0, session.get((kind, stage), base) - base)
@@ -113,9 +141,10 @@ def search(summary: Dict[str, Any], bandwidth: Bandwidth = 0.0) -> List[Dict[str
     n_stages = SCHEDULES[schedule][1] * world
     rank_of = stage_rank(schedule, world)
 
-    def step(blocks: Sequence[Any], options: Sequence[Sequence[Any]]) -> float:
-        return replay(orders, rank_of, n_stages, with_plan(costs, blocks, options), "plan", groups).step_s
+    def step(blocks: Sequence[Any], options: Sequence[Sequence[Any]], seconds: Sequence[Sequence[float]]) -> float:
+        return replay(orders, rank_of, n_stages, with_plan(costs, blocks, options, seconds), "plan", groups).step_s
 
+    release = prefire.Release.AT_STEP_END
     rows = []
     for name, mode in summary["modes"].items():
         if name.split(" ")[0] not in ("plan", "plan-selective", "plan-offload"):  # bubble prefires: not replayed
@@ -124,19 +153,29 @@ def search(summary: Dict[str, Any], bandwidth: Bandwidth = 0.0) -> List[Dict[str
         if min(directions(bandwidth)) > 0:
             plans = [(with_bandwidth(blocks, bandwidth), chosen) for blocks, chosen in plans]
         budgets = [r["memory_budget"] for r in mode["ranks"]]
-        fitting = []
+        fitting = []  # per rank, (choices, block_seconds) of every per-block plan within its budget
         for (blocks, _), budget in zip(plans, budgets):
-            choices = itertools.product(*[prefire.offered_choices(b) for b in blocks])
-            fitting.append([list(c) for c in choices if _plan_bytes(blocks, c) <= budget])
+            described = (prefire.describe_plan(blocks, list(c), budget, 0, release)
+                         for c in itertools.product(*[prefire.offered_choices(b) for b in blocks]))
+            fitting.append([(p.choices, p.block_seconds) for p in described if p.peak_bytes <= budget])
         blocks = [b for rank_blocks, _ in plans for b in rank_blocks]
         best_s, best = float("inf"), None
         for combo in itertools.product(*fitting):
-            options = [o for rank in combo for o in rank]
-            s = step(blocks, [options] * micro_batches)
+            options = [o for rank_choices, _ in combo for o in rank_choices]
+            s = step(blocks, [options] * micro_batches, [[x for _, sec in combo for x in sec]] * micro_batches)
             if s < best_s:
                 best_s, best = s, options
-        chosen = [[o for _, rank_chosen in plans for o in rank_chosen[m]] for m in range(micro_batches)]
-        chosen_s = step(blocks, chosen)
+        chosen: List[List[Any]] = [[] for _ in range(micro_batches)]
+        chosen_seconds: List[List[float]] = [[] for _ in range(micro_batches)]
+        for rank, ((rank_blocks, rank_chosen), budget) in enumerate(zip(plans, budgets)):  # as the planner counts it
+            slots = item_slots(rank_blocks, micro_batches)
+            plan = prefire.describe_plan(rank_items(rank_blocks, orders[rank], micro_batches),
+                                         [rank_chosen[mb][b] for b, mb in slots], budget, 0, release)
+            choices, seconds = laid_out(plan, slots, micro_batches, len(rank_blocks))
+            for m in range(micro_batches):
+                chosen[m] += choices[m]
+                chosen_seconds[m] += seconds[m]
+        chosen_s = step(blocks, chosen, chosen_seconds)
         rows.append({"name": name, "budgets": budgets, "plans_tried": math.prod(len(f) for f in fitting),
                      "best_s": best_s, "best": [best] * micro_batches, "chosen_s": chosen_s, "chosen": chosen,
                      "chosen_over_best": chosen_s / best_s, "measured_s": mode["step_s"]})

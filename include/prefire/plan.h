@@ -81,6 +81,8 @@ struct Plan {
   int64_t prefire_ahead = 0;       // checkpointed blocks recomputed (offloaded ones fetched) ahead of their backward
   int64_t peak_bytes = 0;          // bytes: the most the plan holds, by Note [What a plan holds]
   double recompute_seconds = 0;    // seconds: what it adds per micro-batch (recomputation, copies left exposed)
+  std::vector<double> block_seconds;  // per block: its share of recompute_seconds (choice_seconds(), or an
+                                      // offloaded block's copies whole where the plan leaves no room for them)
   int64_t memory_budget = 0;       // bytes: the budget it was chosen for
   int64_t blocks_bytes = 0;        // bytes: the most the blocks hold at a moment, the passes left out
   std::vector<int64_t> pass_bytes;    // per block: what the pass that recomputes it holds (its group's checkpointed

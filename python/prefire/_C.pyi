@@ -123,7 +123,7 @@ class Plan:
     FIELDS: Tuple[str, ...]
     def __init__(self, *, choices: List[Choice], checkpointed: List[bool], selective: List[bool],
                  offloaded: List[bool], prefire_ahead: int, peak_bytes: int, recompute_seconds: float,
-                 memory_budget: int, blocks_bytes: int, pass_bytes: List[int], moment_bytes: List[int], room_bytes: List[int]) -> None: ...
+                 memory_budget: int, block_seconds: List[float] = ..., blocks_bytes: int, pass_bytes: List[int], moment_bytes: List[int], room_bytes: List[int]) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
     @staticmethod
     def from_dict(d: Dict[str, Any]) -> "Plan": ...
@@ -134,6 +134,7 @@ class Plan:
     prefire_ahead: int
     peak_bytes: int
     recompute_seconds: float
+    block_seconds: List[float]
     memory_budget: int
     blocks_bytes: int
     pass_bytes: List[int]

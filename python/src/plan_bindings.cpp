@@ -58,7 +58,7 @@ py::object choices_as_names(const py::handle value, const py::object& choice) {
   if (py::isinstance<py::list>(value)) {
     py::list out;
     for (const py::handle item : value) out.append(choices_as_names(item, choice));
-    return std::move(out);
+    return out;
   }
   if (py::isinstance(value, choice)) return value.attr("name");
   return py::reinterpret_borrow<py::object>(value);
@@ -67,7 +67,7 @@ py::object names_as_choices(const py::handle value, const py::object& choice) {
   if (py::isinstance<py::list>(value)) {
     py::list out;
     for (const py::handle item : value) out.append(names_as_choices(item, choice));
-    return std::move(out);
+    return out;
   }
   if (py::isinstance<py::str>(value)) return choice.attr("__members__")[value];
   return py::reinterpret_borrow<py::object>(value);
@@ -162,7 +162,8 @@ void bind_costs_and_plans(py::module_& m) {
   by_name(plan, "Plan", required("choices", &Plan::choices), required("checkpointed", &Plan::checkpointed),
           required("selective", &Plan::selective), required("offloaded", &Plan::offloaded),
           required("prefire_ahead", &Plan::prefire_ahead), required("peak_bytes", &Plan::peak_bytes),
-          required("recompute_seconds", &Plan::recompute_seconds), required("memory_budget", &Plan::memory_budget),
+          required("recompute_seconds", &Plan::recompute_seconds),
+          optional("block_seconds", &Plan::block_seconds), required("memory_budget", &Plan::memory_budget),
           required("blocks_bytes", &Plan::blocks_bytes), required("pass_bytes", &Plan::pass_bytes),
           required("moment_bytes", &Plan::moment_bytes), required("room_bytes", &Plan::room_bytes));
   py::enum_<Release>(m, "Release")

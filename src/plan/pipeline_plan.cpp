@@ -101,7 +101,8 @@ std::vector<StagePlan> stage_plans(const Plan& plan, const std::vector<BlockCost
     const auto count = static_cast<size_t>(std::count_if(blocks.begin(), blocks.end(),
                                                          [&](const BlockCost& b) { return b.group == stage; }));
     const size_t span = per_block ? count : count * static_cast<size_t>(micro_batches);
-    StagePlan sp{.stage = stage};
+    StagePlan sp;
+    sp.stage = stage;
     for (int64_t m = 0; m < micro_batches; ++m) {
       const size_t first = at + (per_block ? 0 : static_cast<size_t>(m) * count);
       sp.choices.emplace_back(plan.choices.begin() + static_cast<std::ptrdiff_t>(first),

@@ -114,8 +114,9 @@
 //     so a plan that offloads adds what rule 3 says only where it also
 //     leaves copy_room() (its largest offloaded block's moved bytes) below
 //     the budget, room for the one copy rule 4 hides; without it, every
-//     offloaded block's copies whole (plan_seconds(): Plan::recompute_seconds,
-//     and what plan_for_budget() chooses by).
+//     offloaded block's copies whole (block_seconds(): Plan::block_seconds,
+//     summed in Plan::recompute_seconds, what plan_for_budget() chooses by
+//     and what the simulator's replays of a plan charge each block).
 //  7. The tier holds an offloaded block's moved bytes for every micro-batch
 //     it holds (BlockCost::alive at each moment, in_flight without moments;
 //     in one backward pass every offloaded block at the end of forward):
@@ -390,13 +391,20 @@ int64_t copy_room(const std::vector<BlockCost>& blocks, const Choices& choices) 
   return room;
 }
 
+std::vector<double> block_seconds(const std::vector<BlockCost>& blocks, const Choices& choices, int64_t bytes,
+                                  int64_t memory_budget) {
+  const bool room = add_product(bytes, 1, copy_room(blocks, choices)) <= memory_budget;
+  std::vector<double> out(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {  // without room, forward waits for every copy into the tier
+    out[i] = !room && choices[i] == Choice::kOffload ? blocks[i].offload_seconds : choice_seconds(blocks[i], choices[i]);
+  }
+  return out;
+}
+
 double plan_seconds(const std::vector<BlockCost>& blocks, const Choices& choices, int64_t bytes,
                     int64_t memory_budget) {
-  if (add_product(bytes, 1, copy_room(blocks, choices)) <= memory_budget) return recompute_seconds(blocks, choices);
-  double total = 0;  // forward waits for every copy into the tier
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    total += choices[i] == Choice::kOffload ? blocks[i].offload_seconds : choice_seconds(blocks[i], choices[i]);
-  }
+  double total = 0;
+  for (const double s : block_seconds(blocks, choices, bytes, memory_budget)) total += s;
   return total;
 }
 
@@ -411,7 +419,8 @@ Plan describe(const std::vector<BlockCost>& blocks, const Choices& choices, int6
   }
   plan.prefire_ahead = ahead;
   plan.peak_bytes = held(blocks, choices, ahead, release);
-  plan.recompute_seconds = plan_seconds(blocks, choices, plan.peak_bytes, memory_budget);
+  plan.block_seconds = block_seconds(blocks, choices, plan.peak_bytes, memory_budget);
+  for (const double s : plan.block_seconds) plan.recompute_seconds += s;
   plan.memory_budget = memory_budget;
   plan.pass_bytes = pass_bytes(blocks, choices);
   if (release == Release::kInBackward) {

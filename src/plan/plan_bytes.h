@@ -37,9 +37,13 @@ int64_t held(const std::vector<BlockCost>& blocks, const Choices& choices, int64
 /// offload (Note [Offloaded blocks in a plan], rule 6).
 int64_t copy_room(const std::vector<BlockCost>& blocks, const Choices& choices);
 
-/// What the plan `choices`, holding `bytes`, adds to a step within
-/// `memory_budget`: recompute_seconds(), or where it leaves no copy_room(),
-/// every offloaded block's copies whole (rule 6).
+/// What each block of the plan `choices`, holding `bytes`, adds to a step
+/// within `memory_budget`: choice_seconds(), or where the plan leaves no
+/// copy_room(), an offloaded block's copies whole (rule 6).
+std::vector<double> block_seconds(const std::vector<BlockCost>& blocks, const Choices& choices, int64_t bytes,
+                                  int64_t memory_budget);
+
+/// block_seconds() summed: what the plan adds to a step.
 double plan_seconds(const std::vector<BlockCost>& blocks, const Choices& choices, int64_t bytes,
                     int64_t memory_budget);
 

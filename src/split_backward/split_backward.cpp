@@ -329,7 +329,9 @@ struct Partition {
 
 Partition partition(const detail::StageGraph& graph, const edge_list& input_edges,
                     const std::vector<size_t>& input_slots, const TensorList& params) {
-  Partition p{.input_edges = input_edges, .input_slots = input_slots};
+  Partition p;
+  p.input_edges = input_edges;
+  p.input_slots = input_slots;
   for (const Edge& e : input_edges) p.input_nodes.insert(e.function.get());
   std::vector<Node*> param_nodes;
   for (size_t i = 0; i < params.size(); ++i) {

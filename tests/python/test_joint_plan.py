@@ -2,15 +2,18 @@
 recompute, selective or offload per rank, block and micro-batch, chosen by
 the replayed step within each rank's budget."""
 
+import dataclasses
+
 import pytest
 
 import prefire
 from pipeline_bench.config import stage_rank
 from prefire.pipelining._plan import check_choices
 from prefire.pipelining.plans import choices_file, rank_choices, rank_items
-from pipeline_sim.joint import bubble_budgets, joint_plan
+from pipeline_sim.joint import _Search, bubble_budgets, joint_plan
 from pipeline_sim.place import held_ahead, rules_placement
 from pipeline_sim.plan_predict import rank_plan_blocks
+from pipeline_sim.plan_search import with_plan
 from pipeline_sim.replay import Costs, Pipeline, overlaps, rank_orders
 
 
@@ -31,13 +34,15 @@ def costs_of(n_stages, f=1.0, b=2.0, w=1.0, checkpoint=0.5, checkpoints=2, skew=
                  {s: checkpoint for s in range(n_stages)}, {s: checkpoints for s in range(n_stages)}, 0.01, 0.01)
 
 
-def measured_blocks(copy_seconds, selective=True, input_bytes=1 << 16, offload_bytes=1 << 16):
+def measured_blocks(copy_seconds, selective=True, input_bytes=1 << 16, offload_bytes=1 << 16, hidden=0.0):
     """Two blocks per measured stage (ZBV on 2 ranks: 4 stages): 1 MiB saved,
     0.5 s to recompute, offloadable (``offload_bytes`` left) at
-    ``copy_seconds``, and selectively (half the bytes, 0.2 s)."""
+    ``copy_seconds`` (``hidden`` of them), and selectively (half the bytes,
+    0.2 s)."""
     block = prefire.BlockCost(saved_bytes=1 << 20, input_bytes=input_bytes, recompute_seconds=0.5,
                               offload_bytes=offload_bytes, offload_moved_bytes=1 << 20, offload_seconds=copy_seconds,
-                              selective_bytes=(1 << 19) if selective else -1, selective_seconds=0.2)
+                              offload_hidden=hidden, selective_bytes=(1 << 19) if selective else -1,
+                              selective_seconds=0.2)
     return {s: [block.to_dict(), block.to_dict()] for s in range(4)}
 
 
@@ -71,6 +76,26 @@ def test_the_joint_plan_offloads_over_a_fast_tier_and_recomputes_as_the_link_slo
     measured = measured_blocks(0.1)
     assert joint_plan(p, rank_plan_blocks(measured, 4, "zbv", 4, bandwidth=1e9), 0.5)["choices"].get("OFFLOAD", 0)
     assert "OFFLOAD" not in joint_plan(p, rank_plan_blocks(measured, 4, "zbv", 4, bandwidth=1e5), 0.5)["choices"]
+
+
+def test_a_plan_that_leaves_no_room_for_a_copy_in_flight_replays_its_copies_whole():
+    """Note [Offloaded blocks in a plan], rule 6, as the planner counts it:
+    at a budget of the all-offload plan's own peak, forward waits for every
+    copy into the tier (0.4 s a block); with room for one copy in flight
+    beside it, 0.9 of each hides behind the next forward (0.04 s exposed)."""
+    p = pipeline("zbv", 2)
+    release = prefire.Release.AT_STEP_END
+    blocks = rank_plan_blocks(measured_blocks(0.4, selective=False, hidden=0.9), 4, "zbv", 2)
+    items = [rank_items(b, p.orders[rank], 4) for rank, b in blocks]
+    offload = [[prefire.Choice.OFFLOAD] * len(rank) for rank in items]
+    peaks = [prefire.describe_plan(rank, c, 0, 0, release).peak_bytes for rank, c in zip(items, offload)]
+    every = [b for _, rank_blocks in blocks for b in rank_blocks]
+    steps = {}
+    for room, exposed in ((0, 0.4), (1 << 20, 0.04)):  # the room a copy of 1 MiB needs
+        steps[room] = _Search(p, blocks, [peak + room for peak in peaks], 0).run(offload).step_s
+        expected = with_plan(p.costs, every, [[prefire.Choice.OFFLOAD] * len(every)] * 4, [[exposed] * len(every)] * 4)
+        assert steps[room] == pytest.approx(dataclasses.replace(p, costs=expected).run("plan").step_s)
+    assert steps[0] > steps[1 << 20] + 1.0, steps
 
 
 def test_a_budget_below_what_a_rank_can_hold_is_planned_at_its_least_and_said():
