@@ -48,12 +48,13 @@ void write_cpu_state(const CpuRngState& state) {
 }
 
 // Asked once: c10 counts the devices once per process too
-// (c10::cuda::device_count() caches its answer).
+// (c10::cuda::device_count() caches its answer). ATen says whether a device
+// is here; the guard registry's may be a fake (Note [Asking ATen, not the
+// device guard, whether CUDA is here] in src/cuda/session_pool.cpp).
 const c10::impl::DeviceGuardImplInterface* cuda_guard_impl() {
   static const c10::impl::DeviceGuardImplInterface* const impl = []() -> const c10::impl::DeviceGuardImplInterface* {
-    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return nullptr;
-    auto* found = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-    return found->deviceCount() > 0 ? found : nullptr;
+    if (!at::hasCUDA() || !c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return nullptr;
+    return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   }();
   return impl;
 }

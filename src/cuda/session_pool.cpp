@@ -4,7 +4,6 @@
 
 #include <prefire/cuda.h>
 
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -13,6 +12,7 @@
 #if PREFIRE_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include <algorithm>
 #include <map>
@@ -90,10 +90,14 @@ PoolLease::~PoolLease() {
 
 }  // namespace detail
 
-bool cuda_available() {
-  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return false;
-  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() > 0;
-}
+// Note [Asking ATen, not the device guard, whether CUDA is here]
+// On a machine without a CUDA device, torch's FakeTensorMode (torch.compile
+// enters it) registers a fake CUDA device guard that counts 8 devices, for
+// the rest of the process. The registry's guard is no evidence of a device:
+// prefire asks c10's count of real ones here (what torch.cuda.is_available
+// reads), and ATen's CUDA hooks (at::hasCUDA, the same count) where it does
+// not link CUDA.
+bool cuda_available() { return c10::cuda::device_count() > 0; }
 
 int64_t session_pool_reserved_bytes() {
   std::vector<std::pair<c10::DeviceIndex, c10::MempoolId_t>> created;

@@ -167,8 +167,13 @@ def test_a_tier_that_cannot_be_made_or_is_full_says_so(tmp_path):
 def test_the_pinned_host_tier_says_why_it_cannot_be_made_here():
     with pytest.raises(ValueError, match="at least one page"):
         prefire.OffloadTier.pinned_host(10)
+    # without a device, torch's FakeTensorMode (torch.compile enters it) leaves a fake CUDA device guard behind that
+    # counts devices: prefire asks ATen, as torch.cuda.is_available does
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        pass
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: the tier can be made")
+    assert not prefire.cuda.cuda_available()
     with pytest.raises(prefire.CheckpointError, match="no CUDA device|CUDA parts"):
         prefire.OffloadTier.pinned_host(1 << 20)
 
