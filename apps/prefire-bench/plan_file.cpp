@@ -21,8 +21,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(BlockCost, saved_bytes, input_bytes, recomput
                                    selective_after_bytes, offload_bytes, offload_moved_bytes, offload_seconds,
                                    offload_hidden, offload_after_bytes, passes)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Plan, choices, checkpointed, selective, offloaded, prefire_ahead, peak_bytes,
-                                   recompute_seconds, memory_budget, blocks_bytes, pass_bytes, moment_bytes,
-                                   room_bytes)
+                                   recompute_seconds, block_seconds, memory_budget, blocks_bytes, pass_bytes,
+                                   moment_bytes, room_bytes)
 }  // namespace prefire
 
 namespace prefire_bench {
