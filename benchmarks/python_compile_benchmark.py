@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "pytho
 from test_checkpoint import Block  # noqa: E402
 
 
-def build(blocks, dim, heads, wrap, seed=0):
+def build(blocks, dim, heads, wrap, seed=0, dropout=0.0):
     torch.manual_seed(seed)
-    plain = [Block(dim=dim, heads=heads, dropout=0.0) for _ in range(blocks)]
+    plain = [Block(dim=dim, heads=heads, dropout=dropout) for _ in range(blocks)]
     return torch.nn.ModuleList(plain), [wrap(b) for b in plain]
 
 
@@ -98,14 +98,19 @@ def kept_bytes(params, layers, x):
     return meter.total()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_arguments(parser):
+    """The stack's size and the rounds: this benchmark's and python_compiled_split.py's."""
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=7)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=3, help="steps per round and variant")
     args = parser.parse_args()
     torch.set_num_threads(1)
