@@ -37,7 +37,7 @@ import contextlib
 import statistics
 import time
 import warnings
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from python_compile_benchmark import VARIANTS as COMPILE_VARIANTS
@@ -73,6 +73,15 @@ class Stage:
     def scope(self, **options):
         return prefire.session(self.session, **options) if self.in_session else contextlib.nullcontext()
 
+    def forward(self, x: torch.Tensor, backwards: Optional[List[int]] = None):
+        """The stage input and output; ``backwards[i]`` counts block i's compiled backward runs."""
+        h = stage_input = x.detach().requires_grad_()
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if backwards is not None:
+                h.grad_fn.register_prehook(lambda _, i=i: backwards.__setitem__(i, backwards[i] + 1))
+        return stage_input, h
+
     def step(self, x: torch.Tensor, grad: torch.Tensor, count: bool = False) -> Dict[str, float]:
         for p in self.params:
             p.grad = None
@@ -83,12 +92,7 @@ class Stage:
         start = prefire.allocator_bytes().current
         begin = time.perf_counter()
         with prefire.collect() as handles:
-            h = x.detach().requires_grad_()
-            stage_input = h
-            for i, layer in enumerate(self.layers):
-                h = layer(h)
-                if count and self.compiled:
-                    h.grad_fn.register_prehook(lambda _, i=i: backwards.__setitem__(i, backwards[i] + 1))
+            stage_input, h = self.forward(x, backwards if count and self.compiled else None)
         for handle in handles:
             prefire.attach(handle, self.session)
         forwards = list(self.forwards)
@@ -132,7 +136,7 @@ def main() -> None:
         stage = Stage(name, args, session)
         try:
             if args.dropout > 0:  # a plain backward first, as a step without a split (or a warm-up) runs it
-                torch.autograd.grad(_forward(stage, x).square().mean(), stage.params)
+                torch.autograd.grad(stage.forward(x)[1].square().mean(), stage.params)
             stage.step(x, grad)  # compiles
         except RuntimeError as e:  # stage_backward_input raises from what failed
             cause = e.__cause__ or e
@@ -169,13 +173,6 @@ def main() -> None:
               f" {_count(c['compiled_backwards']):>18s} {versus:>14s}")
     print("recomputes/block: prefire's recomputations (sessions) or the eager block's forwards beyond the first "
           "(torch's checkpoint); under compile torch's checkpoint recomputes inside each compiled backward run")
-
-
-def _forward(stage: Stage, x: torch.Tensor) -> torch.Tensor:
-    h = x.detach().requires_grad_()
-    for layer in stage.layers:
-        h = layer(h)
-    return h
 
 
 def _count(value: float) -> str:
