@@ -45,6 +45,13 @@ CheckpointError = _C.CheckpointError
 # prefire.checkpoint_wrapper(torch.compile(block)). Forward and recomputation
 # then run the same compiled code and save the same tensors (tested bit-equal
 # with aot_eager).
+#
+# Under a pipeline's B/W split the compiled backward, one node, computes
+# every gradient whenever it runs: prefire.pipelining.enable lets W take the
+# weight gradients B computed (Note [Weight gradients a custom Function
+# computes in B] in pipelining/_weight_grads_in_b.py), so a block compiled
+# around torch's checkpoint (this order, torchtitan's) recomputes once per
+# micro-batch there, inside B's compiled backward.
 
 _warned = set()
 

@@ -6,6 +6,7 @@ processes: the pipeline program (apps/pipeline_bench) on 2 ranks over Gloo,
 every mode, started and torn down by the test."""
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -81,6 +82,96 @@ def test_sessions_recompute_each_block_once_per_micro_batch_where_torch_recomput
     sessions.disable()
     sessions.disable()  # idempotent
     assert all("forward_one_chunk" not in vars(s) for s in schedule._stages)
+
+
+class Compute(torch.nn.Module):
+    """A block's math alone (no timing: nothing dynamo breaks its graph at)."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return self.block.compute(x)
+
+
+def compiled_zbv_one_rank(wrap, make=torch.compile):
+    """zbv_one_rank with each block's math compiled by ``make`` (inductor)
+    and run as wrap(compiled block, x); also returns how often each block's
+    compiled backward ran."""
+    backward_runs = {}
+    compiled = {}
+
+    def run_block(block, x):
+        fn = compiled.setdefault(block.index, make(Compute(block)))
+        out = wrap(fn, x)
+        assert type(out.grad_fn).__name__ == "CompiledFunctionBackward"
+        counted = lambda grads, i=block.index: backward_runs.__setitem__(i, backward_runs.get(i, 0) + 1)  # noqa: E731
+        out.grad_fn.register_prehook(counted)
+        return out
+
+    return *zbv_one_rank(run_block), backward_runs
+
+
+@torch._functorch.config.patch(donated_buffer=False)
+def test_w_takes_the_weight_gradients_a_compiled_blocks_backward_gave_in_b(one_rank):
+    # Note [Weight gradients a custom Function computes in B]. torch's compiled
+    # backward donates its buffers unless told not to, which B cannot run
+    # (retain_graph): torch's own compiled blocks need this under a B/W split.
+    mb = TINY.micro_batches
+    expected = reference_gradients(TINY)
+    plain = lambda f, x: f(x)  # noqa: E731
+    for wrap, make in ((plain, torch.compile),
+                       (lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=False), torch.compile),
+                       (lambda f, x: prefire.checkpoint(f, x), torch.compile),
+                       # torchtitan's order: inside the compiled region prefire's checkpoint is torch's
+                       (plain, lambda m: torch.compile(prefire.checkpoint_wrapper(m), fullgraph=True))):
+        schedule, modules, step, backward_runs = compiled_zbv_one_rank(wrap, make)
+        step()
+        backward_runs.clear()
+        torchs = step()
+        # torch's: stage 0 runs its backward once (its W is a full backward), stage 1 in B and again in W
+        assert backward_runs == {0: mb, 1: mb, 2: 2 * mb, 3: 2 * mb}
+        sessions = pipelining.enable(schedule)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                backward_runs.clear()
+                grads = step()
+                assert backward_runs == {b: mb for b in range(TINY.blocks)}
+                # the same program on the same tensors: the same bits as torch's W
+                assert all(torch.equal(grads[n], torchs[n]) for n in torchs)
+                assert all(torch.allclose(grads[n], expected[n], rtol=1e-4, atol=1e-6) for n in expected)
+                assert prefire.runtime_stats().held_bytes == 0
+        # W taking them from B is what enable() is for here: no "the sessions do nothing"
+        assert not [w for w in said if "made no prefire checkpoint" in str(w.message)]
+        stats = sessions.stats()
+        assert stats.w_groups_taken_in_b == 2 * 2 * mb  # stage 1's two blocks; its head is eager: W's
+        assert stats.trim_misses == 0
+        if stats.sessions:  # prefire's: W reads nothing of a session, so after B it keeps nothing
+            assert stats.trimmed_after_b > 0 and sessions.budget.kept_bytes[1] == 0
+        sessions.disable()
+
+
+def test_w_refuses_param_groups_of_another_form_than_it_takes_gradients_from():
+    from prefire.pipelining._hook_points import b_param_groups
+
+    class Stage:
+        backward_state = {0: (None, [{"params": set(), "intermediates": []}], None, None), 1: (None, None, None, None)}
+
+    with pytest.raises(RuntimeError, match="param group without grads, intermediates, params"):
+        b_param_groups(Stage(), 0)
+    assert b_param_groups(Stage(), 1) == [] and b_param_groups(Stage(), 2) == []
+
+
+@torch._functorch.config.patch(donated_buffer=True)  # torch's default off fbcode
+def test_a_compiled_backward_that_donates_its_buffers_fails_b_with_the_setting_that_lets_it_run(one_rank):
+    schedule, modules, step, _ = compiled_zbv_one_rank(lambda f, x: prefire.checkpoint(f, x))
+    sessions = pipelining.enable(schedule)
+    with pytest.raises(RuntimeError, match=r"stage 1's B ran a compiled backward that donates its saved buffers.*"
+                                           r"torch._functorch.config.donated_buffer = False"):
+        step()
+    sessions.disable()
 
 
 def test_a_w_that_reads_what_the_trim_dropped_recomputes_it_exactly_and_says_so(one_rank):
@@ -412,7 +503,7 @@ def test_an_h_above_its_bound_is_reported_as_a_noisy_run_with_the_spread_across_
 
 
 def test_the_program_says_every_flag_with_its_default_and_one_list_of_modes(capsys):
-    from pipeline_bench.config import MODES, PLACED_MODE, SWEEP_MODES
+    from pipeline_bench.config import MODES, PLACED_MODE, SWEEP_MODES, TORCH_W_IN_B_MODE
     from pipeline_bench.main import main
 
     with pytest.raises(SystemExit) as exited:
@@ -420,10 +511,10 @@ def test_the_program_says_every_flag_with_its_default_and_one_list_of_modes(caps
     assert exited.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     for flag in ("--blocks", "--dim", "--heads", "--seq", "--vocab", "--batch", "--micro-batches", "--world",
-                 "--schedule", "--steps", "--rounds", "--warmup", "--budgets", "--timeout", "--placement"):
+                 "--schedule", "--steps", "--rounds", "--warmup", "--budgets", "--timeout", "--placement", "--compile"):
         option = text[text.rindex(flag + " "):]  # its help line, after the usage line
         assert "(default:" in option[:400], flag  # every flag says its default
-    known = MODES + (PLACED_MODE,) + SWEEP_MODES
+    known = MODES + (PLACED_MODE, TORCH_W_IN_B_MODE) + SWEEP_MODES
     # the modes the program accepts, all of them (argparse may wrap the list at a hyphen)
     assert "from:" + ",".join(known) in "".join(text.split())
     with pytest.raises(SystemExit):
@@ -478,6 +569,10 @@ def test_program_rejects_what_it_cannot_run():
         run(RunConfig(model=TINY, modes=("budget",), warmup=0))
     with pytest.raises(ValueError, match="do not split evenly"):
         run(RunConfig(model=ModelConfig(blocks=3)))
+    with pytest.raises(ValueError, match="compiled blocks run in modes none, torch, torch-w-in-b, session, prefire"):
+        run(RunConfig(model=TINY, modes=("budget",), compile=True))
+    with pytest.raises(ValueError, match="torch-w-in-b mode runs torch's compiled checkpoint: pass compile"):
+        run(RunConfig(model=TINY, modes=("torch-w-in-b",)))
 
 
 class FakeWork:

@@ -165,10 +165,21 @@ class Pipelining:
                     f"them from its table (torch {torch.__version__}): bubble prefire would never run. This torch "
                     "waits on its receives another way; enable without bubble=True")
         if not any(sessions.checkpoints for sessions in self._stages.values()):
+            # Compiled blocks with torch's checkpoint inside (torchtitan's order): W takes their weight gradients
+            # from B, and that is all enable() does for them; an option that acts on sessions would do nothing.
+            taken = self._stats.w_groups_taken_in_b
+            asked = [name for name, on in (("bubble=True", self.bubbles is not None),
+                                           ("memory_budget", self.planner is not None),
+                                           ("budget_bytes", self.budget.bytes is not None)) if on]
+            if taken and not asked:
+                return
             warnings.warn(
                 "prefire.pipelining: the first step made no prefire checkpoint on this rank's stages, so the sessions "
-                "do nothing. Checkpoint the blocks with prefire.checkpoint or prefire.checkpoint_wrapper "
-                "(torch.utils.checkpoint's are not prefire's)", UserWarning, stacklevel=2)
+                f"do nothing{' (nor ' + ', '.join(asked) + ')' if asked else ''}. Checkpoint the blocks with "
+                "prefire.checkpoint or prefire.checkpoint_wrapper (torch.utils.checkpoint's are not prefire's, and "
+                "inside torch.compile prefire's is torch's: compile inside it, prefire.checkpoint_wrapper("
+                "torch.compile(block)))" + (f"; W took {taken} param groups' gradients from B's compiled backward"
+                                            if taken else ""), UserWarning, stacklevel=2)
 
     def _pending(self, stage_index: int, micro_batch: int) -> Optional[_MicroBatch]:
         sessions = self._stages.get(stage_index)

@@ -24,8 +24,9 @@ same line of their own loop: there is no moment between the two to use, so
 ``bubble=True`` is refused for them (sessions work with every schedule).
 Both hooks use private attributes of torch's pipelining (``_stages``,
 ``_stage``, the two tables and their ``pop``, ``backward_one_chunk``'s
-argument order, ``pipeline_order_with_comms``); torch has no public API for
-any of them. So nothing here may switch itself off quietly (see Note
+argument order, ``pipeline_order_with_comms``), and so does W's taking of
+what B computed (``backward_state``'s param groups, Note [Weight gradients a
+custom Function computes in B]); torch has no public API for any of them. So nothing here may switch itself off quietly (see Note
 [Hook points fail loudly]).
 
 Note [Hook points fail loudly]
@@ -202,6 +203,31 @@ def is_full_backward(args: tuple, kwargs: dict) -> bool:
     return kwargs.get("full_backward", args[1] if len(args) > 1 else True)
 
 
+_PARAM_GROUP_KEYS = {"params", "intermediates", "grads"}
+
+
+def b_param_groups(stage: Any, micro_batch: int) -> List[dict]:
+    """The param groups torch's B left for the W of ``micro_batch``
+    (``backward_state``), each with its ``params`` (AccumulateGrad nodes),
+    ``intermediates`` and their ``grads``; [] where B left none."""
+    state = stage.backward_state.get(micro_batch)
+    groups = state[1] if isinstance(state, tuple) and len(state) > 1 else None
+    for group in groups or ():
+        if not isinstance(group, dict) or not _PARAM_GROUP_KEYS <= group.keys():
+            raise RuntimeError(
+                f"prefire.pipelining: torch {torch.__version__}'s B left W a param group without "
+                f"{', '.join(sorted(_PARAM_GROUP_KEYS))}; W cannot take the weight gradients B computed "
+                "(Note [Weight gradients a custom Function computes in B])")
+    return list(groups or ())
+
+
+def leave_nothing_for_w(group: dict) -> None:
+    """Makes torch's W skip ``group`` (no intermediate to run from) and
+    lets go of its autograd nodes."""
+    group["intermediates"] = []
+    group["grads"] = []
+
+
 def let_go_of_graph(stage: Any, schedule: Any, micro_batch: int) -> bool:
     """After the last pass of ``micro_batch`` on the last stage: its
     output and loss as values, without their graph (Note [The last
@@ -256,6 +282,10 @@ def _check_hook_points(stages: List[Any], schedule: Any = None) -> None:
             if not callable(getattr(stage, name, None)):
                 raise RuntimeError(f"prefire.pipelining: {type(stage).__name__} has no method {name} in torch "
                                    f"{torch.__version__}; prefire cannot hook into this schedule's stages")
+        if not isinstance(getattr(stage, "backward_state", None), dict):
+            raise RuntimeError(f"prefire.pipelining: {type(stage).__name__} keeps no backward_state dict in torch "
+                               f"{torch.__version__}; prefire's W takes from it what B computed (Note [Weight "
+                               "gradients a custom Function computes in B])")
         if stage.is_last and not isinstance(getattr(stage, "output_chunks", None), list):
             raise RuntimeError(f"prefire.pipelining: {type(stage).__name__} keeps no output_chunks list in torch "
                                f"{torch.__version__}; prefire lets go of each micro-batch's output graph after its W "

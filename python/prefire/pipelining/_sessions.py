@@ -35,6 +35,7 @@ from .._schedule import collect, session
 from ._budget import RankBudget
 from ._hook_points import STAGE_METHODS, is_full_backward
 from ._stats import PipelineStats
+from ._weight_grads_in_b import WeightGradsInB
 from .actions import Action
 
 StageMicroBatch = Tuple[int, int]  # (stage index, micro-batch)
@@ -59,6 +60,16 @@ def _holds_fsdp(module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def _donated_buffers(error: BaseException) -> bool:
+    """Whether ``error`` or one of its causes is AOTAutograd refusing
+    retain_graph for a compiled backward that donates its buffers."""
+    while error is not None:
+        if "donated buffer" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class StageListener(Protocol):
@@ -98,6 +109,7 @@ class _StageSessions:
         self.forwards = 0            # forwards through the wrapper since the last step began
         self.checkpoints = 0         # prefire checkpoints its forwards made, ever
         self.fsdp = _holds_fsdp(stage.submod)
+        self.grads_in_b = WeightGradsInB(stage, self.fsdp)
         # What a W of this stage read of its session (_C.pass_reads): what
         # later sessions keep after B (Note [What a session keeps for W]).
         self.w_reads: Optional[List[List[bool]]] = None
@@ -135,15 +147,31 @@ class _StageSessions:
             self.planner.forward_done(planned, fwd_chunk_id, handles)
         self.checkpoints += len(handles)
         self.open(fwd_chunk_id, handles)
+        self.grads_in_b.forward_done(fwd_chunk_id, out)
         return out
 
     def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
         index, backward = self.stage.stage_index, self.original["backward_one_chunk"]
         full = is_full_backward(args, kwargs)
         self.listener.action_begins(("BW" if full else "B", index, bwd_chunk_id))
+        # W takes what B computed of the weight gradients (Note [Weight gradients a custom Function computes in B])
+        capture = None if full else self.grads_in_b.before_b(bwd_chunk_id)
         # B keeps what it recomputed for W; a full backward is the last pass.
-        self.run_pass(bwd_chunk_id, not full, lambda: backward(bwd_chunk_id, *args, **kwargs))
+        try:
+            self.run_pass(bwd_chunk_id, not full, lambda: backward(bwd_chunk_id, *args, **kwargs))
+        except RuntimeError as error:
+            if not full and _donated_buffers(error):
+                raise RuntimeError(
+                    f"prefire.pipelining: stage {index}'s B ran a compiled backward that donates its saved buffers, "
+                    "which B cannot run: it keeps the graph for W (retain_graph=True), as torch's own B does, so "
+                    "torch's compiled blocks fail the same under a B/W split. Set "
+                    "torch._functorch.config.donated_buffer = False before the compiled blocks first run") from error
+            raise
+        finally:
+            if capture is not None:
+                capture.remove_hooks()
         if not full:
+            self.stats.w_groups_taken_in_b += self.grads_in_b.after_b(bwd_chunk_id, capture)
             self.after_b(bwd_chunk_id)
         self.listener.action_done(index, bwd_chunk_id, last_pass=full)
 
@@ -155,6 +183,7 @@ class _StageSessions:
 
     def clear_runtime_states(self):
         self.clear_all()
+        self.grads_in_b.clear()
         self.listener.stage_cleared(self.stage.stage_index, training=getattr(self.stage, "has_backward", True))
         self.original["clear_runtime_states"]()
 

@@ -20,3 +20,4 @@ class PipelineStats:
     trim_misses: int = 0          # unpacks in W of a tensor the trim dropped (recomputed for that W alone)
     graphs_let_go: int = 0        # last-stage micro-batches whose output and loss hold no graph after W
     prefires_let_go: int = 0      # bubble-prefired micro-batches let go so that a B could keep its recomputation
+    w_groups_taken_in_b: int = 0  # param groups whose weight gradients B's custom-Function nodes gave (W skipped them)
