@@ -47,6 +47,11 @@ PLACED_MODE = "placed"
 #: activations" switch does), the baseline a plan with offload must beat
 PLAN_MODES = ("plan", "plan-prefire", "plan-selective", "plan-offload", "plan-given", "plan-offload-all")
 SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4") + PLAN_MODES
+#: compiled blocks only: torch's compiled checkpoint under ``pipelining.enable(schedule)``, whose W takes the
+#: weight gradients B's compiled backward computed (Note [Weight gradients a custom Function computes in B])
+TORCH_W_IN_B_MODE = "torch-w-in-b"
+#: the modes RunConfig.compile runs
+COMPILE_MODES = ("none", "torch", TORCH_W_IN_B_MODE, "session", "prefire")
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class RunConfig:
     #: census) counts the blocks' activations too (the memory sweep; the
     #: budget mode reads recomputed bytes alone)
     meter_blocks: bool = False
+    #: each block torch.compile'd (inductor), in COMPILE_MODES (worker.block_runner says how each runs it)
+    compile: bool = False
     timeout_s: float = 120.0
     eval_steps: int = 0            # schedule.eval() steps after training, counting the recomputations they run
     #: placed mode: the simulator's placement (``simulate place --write-placement``), every rank's

@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from prefire.pipelining.placement import check_placement_file
 
-from .config import MODES, PLACED_MODE, PLAN_MODES, SCHEDULES, SWEEP_MODES, RunConfig
+from .config import (COMPILE_MODES, MODES, PLACED_MODE, PLAN_MODES, SCHEDULES, SWEEP_MODES, TORCH_W_IN_B_MODE,
+                     RunConfig)
 from .launch import run_ranks
 from .model import ModelConfig, check_config, reference_gradients
 from .report import TIMES, compare_gradients, plot, summarize, table
@@ -46,7 +47,7 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     if config.schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {config.schedule!r}; one of {', '.join(SCHEDULES)}")
     modes = config.modes
-    known = MODES + (PLACED_MODE,) + SWEEP_MODES
+    known = MODES + (PLACED_MODE, TORCH_W_IN_B_MODE) + SWEEP_MODES
     unknown = [m for m in modes if m not in known]
     if unknown or not modes or len(set(modes)) != len(modes):
         raise ValueError(f"unknown or repeated modes {list(modes)}; choose from {', '.join(known)}")
@@ -57,6 +58,11 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
                              f"{list(fractions)}")
         if config.warmup < 1:
             raise ValueError("plan mode measures in its first step: warmup must be at least 1")
+    if TORCH_W_IN_B_MODE in modes and not config.compile:
+        raise ValueError(f"{TORCH_W_IN_B_MODE} mode runs torch's compiled checkpoint: pass compile (--compile) with it")
+    if config.compile and (set(modes) - set(COMPILE_MODES) or config.meter_blocks):
+        raise ValueError(f"compiled blocks run in modes {', '.join(COMPILE_MODES)} only, without meter_blocks, got "
+                         f"{list(modes)}")
     if config.meter_blocks and "budget" in modes:
         raise ValueError("budget mode reads what sessions alone held; it cannot run with meter_blocks")
     if world < 2:
@@ -131,7 +137,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--world", type=int, default=2, help="ranks (processes, Gloo on CPU)")
     p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv", help="torch.distributed.pipelining schedule")
     p.add_argument("--modes", default=",".join(MODES),
-                   help="comma-separated, from: " + ", ".join(MODES + (PLACED_MODE,) + SWEEP_MODES)
+                   help="comma-separated, from: " + ", ".join(MODES + (PLACED_MODE, TORCH_W_IN_B_MODE) + SWEEP_MODES)
                         + " (the last ones are the memory sweep's: python -m pipeline_bench.sweep)")
     p.add_argument("--steps", type=int, default=5, help="measured steps per mode (medians reported)")
     p.add_argument("--rounds", type=int, default=1,
@@ -148,6 +154,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--budgets", default=",".join(f"{f:g}" for f in RunConfig.budgets),
                    help="budget mode: one run per fraction; a rank's budget is that share of the most it held in "
                         "warm-up with sessions alone (before bubble prefires begin; above 1 leaves room for them)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (inductor): none compile(block), torch compile(checkpoint(block)) "
+                        f"({TORCH_W_IN_B_MODE}: the same under pipelining.enable), session and prefire "
+                        f"prefire.checkpoint(compile(block)); modes {','.join(COMPILE_MODES)}")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per round before its ranks are killed")
     p.add_argument("--placement", metavar="FILE",
                    help="placed mode's bubble prefires, as the simulator's search placed them (python -m "
@@ -164,7 +174,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error(f"--budgets: comma-separated fractions, got {a.budgets!r}")
     placement = read_json_option(p, "--placement", a.placement)
     config = RunConfig(model=model, schedule=a.schedule, modes=tuple(m for m in a.modes.split(",") if m),
-                       steps=a.steps, warmup=a.warmup, budgets=budgets, timeout_s=a.timeout, placement=placement)
+                       steps=a.steps, warmup=a.warmup, budgets=budgets, timeout_s=a.timeout, placement=placement,
+                       compile=a.compile)
     try:
         summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as e:

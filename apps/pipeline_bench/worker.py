@@ -33,7 +33,7 @@ from prefire.pipelining import is_full_backward
 from prefire.pipelining.placement import rank_placement
 from prefire.pipelining.plans import rank_choices
 
-from .config import PLAN_MODES, SCHEDULES, RunConfig, stage_indices
+from .config import PLAN_MODES, SCHEDULES, TORCH_W_IN_B_MODE, RunConfig, stage_indices
 from .model import GPT, Stage, data, loss_fn
 from .process_exit import exit_process
 from .report import TIMES, hideable_s
@@ -68,6 +68,29 @@ def _fault(kind: str, rank: int) -> bool:
 #: plan-offload's tier per rank: a file in the system's temporary directory (what the default model offloads at most
 #: is some tens of MiB a rank)
 OFFLOAD_TIER_BYTES = 1 << 30
+
+
+def compiled_block_runner(mode: str):
+    """How a stage runs a block in ``mode`` with ``RunConfig.compile``, each
+    block's math (``Block.compute``) compiled once (inductor) and timed
+    outside the compiled region: none: ``torch.compile(compute)``; torch and
+    torch-w-in-b: torch's compiled checkpoint, the checkpoint inside the
+    compiled region (its partitioner recomputes inside the compiled backward,
+    as under torchtitan's order); session and prefire: ``prefire.checkpoint`` around
+    the compiled block (Note [prefire.checkpoint inside torch.compile])."""
+    compiled: Dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
+
+    def of(block):
+        fn = compiled.get(block.index)
+        if fn is None:
+            math = torch.compile((lambda x: torch_checkpoint.checkpoint(block.compute, x, use_reentrant=False))
+                                 if mode in ("torch", TORCH_W_IN_B_MODE) else block.compute)
+            fn = compiled[block.index] = lambda x: block.timed(math, x)
+        return fn
+
+    if mode in ("session", "prefire"):
+        return lambda block, x: prefire.checkpoint(of(block), x)
+    return lambda block, x: of(block)(x)
 
 
 def block_runner(mode: str, meter: bool = False):
@@ -166,14 +189,19 @@ class ModeRun:
         self.indices = stage_indices(cfg.schedule, rank, world)
         model = GPT(cfg.model)
         self.mode = mode
-        self.modules = [Stage(model, i, n_stages, block_runner(mode, cfg.meter_blocks)) for i in self.indices]
+        if cfg.compile:
+            # torch's compiled backward donates its saved buffers unless told not to, and a B/W split's B
+            # (retain_graph=True) cannot run one that does: torch's own compiled blocks need this too
+            torch._functorch.config.donated_buffer = False
+        runner = compiled_block_runner(mode) if cfg.compile else block_runner(mode, cfg.meter_blocks)
+        self.modules = [Stage(model, i, n_stages, runner) for i in self.indices]
         stages = [pp.PipelineStage(m, i, n_stages, torch.device("cpu")) for m, i in zip(self.modules, self.indices)]
         self.stages = stages
         self.schedule = schedule_cls(stages if per_rank > 1 else stages[0], cfg.model.micro_batches,
                                      loss_fn=loss_fn)
         self.sessions = None
-        if mode in ("session", "prefire", "budget"):
-            self.sessions = pipelining.enable(self.schedule, bubble=mode != "session")
+        if mode in ("session", "prefire", "budget", TORCH_W_IN_B_MODE):
+            self.sessions = pipelining.enable(self.schedule, bubble=mode in ("prefire", "budget"))
         elif mode == "placed":  # the simulator's placement for this rank (Note [Running a placement])
             self.sessions = pipelining.enable(self.schedule, bubble=True,
                                               placement=rank_placement(cfg.placement, rank))
