@@ -66,7 +66,9 @@ _warned = set()
 # unchecked, selective(context_fn) the checkpoint with that context_fn
 # (a selective one's, Note [Measuring a selective checkpoint] in
 # _selective.py), None where the call has a context_fn of its own (a plan
-# never replaces what the user chose), and offloaded(tier) the checkpoint
+# never replaces what the user chose) or checkpoints a compiled function
+# (a selective policy sees no op inside one: compiled()), and
+# offloaded(tier) the checkpoint
 # offloaded to that tier (Note [Offloaded blocks in a plan]), None where
 # the call offloads by itself; while run runs, calls go through
 # unplanned (a block's nested checkpoints are the block's). Recomputations
@@ -98,6 +100,19 @@ def _run_planned(run: PlannedRun, checkpointed: Callable[[], Any], plain: Callab
         return run(checkpointed, plain, selective, offloaded, args, kwargs)
     finally:
         _planned.run = run
+
+
+def compiled(function: Any) -> bool:
+    """Whether ``function`` is one torch.compile made (a compiled module,
+    one compiled in place by ``.compile()``, a compiled function, or
+    prefire's wrapper of a compiled module)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was compiled
+    if eval_frame is None:
+        return False
+    if isinstance(function, CheckpointWrapper):
+        return function.__dict__["_prefire_compiled"] is not None
+    return (isinstance(function, eval_frame.OptimizedModule) or hasattr(function, "_torchdynamo_orig_callable")
+            or getattr(function, "_compiled_call_impl", None) is not None)
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -350,6 +365,14 @@ def checkpoint(
             "silence this")
     if debug:
         raise ValueError("prefire.checkpoint: debug=True is not supported")
+    if context_fn is not None and compiled(function):
+        raise ValueError(
+            "prefire.checkpoint: a context_fn (a selective checkpoint's) around a torch.compile'd function: its "
+            "policy sees the ops eager code dispatches, and under its dispatch mode the compiled function runs "
+            "eagerly in forward and compiled elsewhere, so forward and recomputation save different tensors. Put "
+            "the selective checkpoint inside the compiled region (torch.compile(lambda x: "
+            "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, context_fn=...))), or checkpoint the "
+            "compiled block whole")
     planned = getattr(_planned, "run", None)
     if planned is not None:
         def with_context(context: Optional[Callable[[], Tuple[ContextManager, ContextManager]]],
@@ -358,7 +381,7 @@ def checkpoint(
                               early_stop=early_stop, preserve_rng_state=preserve_rng_state, offload_to=tier,
                               offload_inputs_only=offload_inputs_only, **kwargs)
         return _run_planned(planned, lambda: with_context(context_fn), lambda: function(*args, **kwargs),
-                            with_context if context_fn is None else None,
+                            with_context if context_fn is None and not compiled(function) else None,
                             (lambda tier: with_context(context_fn, tier)) if offload_to is None else None, args, kwargs)
     forced = torch_checkpoint._enable_checkpoint_early_stop  # set_checkpoint_early_stop wins, as in torch
     if forced is not None:

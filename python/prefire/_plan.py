@@ -68,7 +68,7 @@ import torch
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
 
 from . import _C, _schedule
-from ._checkpoint import CheckpointWrapper, checkpoint
+from ._checkpoint import CheckpointWrapper, checkpoint, compiled
 from ._measuring import check_memory_budget, hold_budget_with, measure, signature, tensors, warn_measuring_step
 from ._options import check_options, check_values
 from ._schedule import CheckpointHandle, fetch_ahead
@@ -284,7 +284,8 @@ class MemoryPlanner:
                                "outside it (a pipeline plans with enable(schedule, memory_budget=...))")
         with _schedule.collect() as handles:
             out, measured = measure(lambda: checkpoint(module, *args, **self._checkpoint_kwargs, **kwargs), inputs,
-                                    self._selective, self._mode_costs, measuring.synchronize)
+                                    None if compiled(module) else self._selective, self._mode_costs,
+                                    measuring.synchronize)
         if len(handles) != 1:
             raise RuntimeError(f"prefire.plan_checkpoints: block {index} made {len(handles)} outermost checkpoints "
                                f"where its checkpoint should be the one (is it inside another checkpoint?)")

@@ -153,6 +153,25 @@ def test_w_takes_the_weight_gradients_a_compiled_blocks_backward_gave_in_b(one_r
         sessions.disable()
 
 
+@torch._functorch.config.patch(donated_buffer=False)
+def test_a_memory_plan_over_compiled_blocks_keeps_or_recomputes_them_and_w_takes_from_b(one_rank):
+    mb = TINY.micro_batches
+    expected = reference_gradients(TINY)
+    schedule, modules, step, backward_runs = compiled_zbv_one_rank(lambda f, x: prefire.checkpoint(f, x))
+    sessions = pipelining.enable(schedule, memory_budget=1 << 40)
+    step()  # measures every block, checkpointed
+    kept = sessions.plan.plan.choices
+    sessions.set_memory_budget(sessions.least_memory_budget())
+    for _ in range(2):
+        backward_runs.clear()
+        grads = step()
+        assert backward_runs == {b: mb for b in range(TINY.blocks)}
+        assert all(torch.allclose(grads[n], expected[n], rtol=1e-4, atol=1e-6) for n in expected)
+    assert set(kept) == {prefire.Choice.KEEP} and prefire.Choice.CHECKPOINT in set(sessions.plan.plan.choices)
+    assert sessions.stats().w_groups_taken_in_b > 0
+    sessions.disable()
+
+
 def test_w_refuses_param_groups_of_another_form_than_it_takes_gradients_from():
     from prefire.pipelining._hook_points import b_param_groups
 
@@ -378,6 +397,21 @@ def test_two_ranks_on_gloo_every_mode_same_gradients_as_one_process_and_one_reco
         for r in m["ranks"]:
             assert r["step_peak_bytes"] > 0, (mode, r["rank"])
             assert r["step_peak_bytes"] >= r["peak_held_bytes"], (mode, r)  # the census is part of what it sees
+
+
+def test_compiled_blocks_on_two_ranks_run_their_compiled_backward_once_under_enable_on_every_torch(no_children_left):
+    # Interleaved zero bubble: a B/W split every release CI tests runs on Gloo (2.11's V-shaped schedules do not,
+    # and 2.11's own W fails on a compiled block's node, which W under enable no longer runs).
+    cfg = RunConfig(model=TINY, schedule="interleaved-zb", modes=("torch-w-in-b", "session"), compile=True, steps=1,
+                    warmup=1, timeout_s=300)
+    summary = run(cfg, world=2)
+    assert no_children_left()
+    for mode, m in summary["modes"].items():
+        assert not m["gradients"]["missing"] and m["gradients"]["max_abs_diff"] < 1e-6, (mode, m["gradients"])
+        taken = sum(r["pipelining"]["w_groups_taken_in_b"] for r in m["ranks"])
+        # one block a stage: every stage's but stage 0's (its B runs nothing; its W is a full backward), each
+        # micro-batch of each step
+        assert taken > 0 and taken % ((TINY.blocks - 1) * TINY.micro_batches) == 0, (mode, taken)
 
 
 def test_held_bytes_fall_with_the_budget_down_to_one_pass_on_two_ranks(no_children_left):

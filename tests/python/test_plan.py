@@ -9,6 +9,7 @@ Not covered here: the C++ planner's choices (tests/plan_test.cpp: the
 budget against an exhaustive search on random costs), pipelines."""
 
 import copy
+import functools
 import json
 import os
 import random
@@ -283,6 +284,26 @@ def test_compiling_a_model_over_planned_blocks_says_to_compile_inside_them():
     got = torch.autograd.grad(model(x).sum(), [x])
     assert planner.plan is not None
     assert_bit_equal(got, expected)
+
+
+def test_a_compiled_block_gets_no_selective_choice_and_a_selective_checkpoint_of_one_is_refused():
+    torch.manual_seed(0)
+    layers = blocks_of([8, 8], dropout=0.0)
+    x = torch.randn(2, 24, requires_grad=True)
+    expected = torch.autograd.grad(layers[1](layers[0](x)).sum(), [x])
+    for i in range(len(layers)):
+        layers[i] = torch.compile(layers[i])  # inductor
+    sac = functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+    # a selective policy sees no op inside a compiled function: forward and recomputation would save differently
+    with pytest.raises(ValueError, match="a context_fn .* around a torch.compile'd function"):
+        prefire.checkpoint(layers[0], x, context_fn=sac)
+    # so a plan measures no selective checkpoint of a compiled block, and never chooses one
+    planner = prefire.plan_checkpoints(layers, memory_budget=600, selective=True)  # above the least (528)
+    for _ in range(2):
+        got = torch.autograd.grad(layers[1](layers[0](x)).sum(), [x])
+        torch.testing.assert_close(got, expected)
+    assert [c.selective_bytes for c in planner.costs] == [-1, -1]
+    assert not any(planner.plan.selective)
 
 
 def test_the_planner_core_from_python():
