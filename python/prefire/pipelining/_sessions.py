@@ -155,7 +155,7 @@ class _StageSessions:
         full = is_full_backward(args, kwargs)
         self.listener.action_begins(("BW" if full else "B", index, bwd_chunk_id))
         # W takes what B computed of the weight gradients (Note [Weight gradients a custom Function computes in B])
-        capture = None if full else self.grads_in_b.before_b(bwd_chunk_id)
+        capture = self.grads_in_b.before_b(bwd_chunk_id, full)
         # B keeps what it recomputed for W; a full backward is the last pass.
         try:
             self.run_pass(bwd_chunk_id, not full, lambda: backward(bwd_chunk_id, *args, **kwargs))

@@ -94,11 +94,11 @@ class WeightGradsInB:
     def clear(self) -> None:
         self.roots.clear()
 
-    def before_b(self, bwd_chunk_id: int) -> Optional["_Capture"]:
+    def before_b(self, bwd_chunk_id: int, full: bool) -> Optional["_Capture"]:
         """Hooks the nodes whose weight gradients this B will take; None
-        when this B takes none."""
+        when this B takes none (``full``: a full backward, no W to spare)."""
         roots = self.roots.pop(bwd_chunk_id, None)
-        if not self.active or not roots:
+        if full or not self.active or not roots:
             return None
         params = {id(p): p for p in self.stage.submod.parameters() if p.requires_grad}
         taken = {key: edges for key, edges in _consumers(roots, params).items()
