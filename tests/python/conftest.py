@@ -1,10 +1,19 @@
+import getpass
 import os
+import tempfile
 
-import pytest
-import torch
-import torch.distributed as dist
+# Inductor's on-disk caches do not key on ATEN_CPU_CAPABILITY, and code cached
+# under one capability fails to build under another (.ci/run runs both): one
+# cache directory per capability, for this process and the ranks it starts
+# (set before anything imports torch: inductor fixes its directory once).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ.get('ATEN_CPU_CAPABILITY', 'native')}"))
 
-from prefire._torch_range import minor_release
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from prefire._torch_range import minor_release  # noqa: E402
 
 
 def torch_release():
