@@ -52,6 +52,8 @@ SWEEP_MODES = ("torch-every2", "torch-every3", "torch-every4") + PLAN_MODES
 TORCH_W_IN_B_MODE = "torch-w-in-b"
 #: the modes RunConfig.compile runs
 COMPILE_MODES = ("none", "torch", TORCH_W_IN_B_MODE, "session", "prefire")
+#: every mode the program runs, in the order its help lists them
+KNOWN_MODES = MODES + (PLACED_MODE, TORCH_W_IN_B_MODE) + SWEEP_MODES
 
 
 @dataclass(frozen=True)

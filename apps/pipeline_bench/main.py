@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from prefire.pipelining.placement import check_placement_file
 
-from .config import (COMPILE_MODES, MODES, PLACED_MODE, PLAN_MODES, SCHEDULES, SWEEP_MODES, TORCH_W_IN_B_MODE,
+from .config import (COMPILE_MODES, KNOWN_MODES, MODES, PLACED_MODE, PLAN_MODES, SCHEDULES, TORCH_W_IN_B_MODE,
                      RunConfig)
 from .launch import run_ranks
 from .model import ModelConfig, check_config, reference_gradients
@@ -47,10 +47,9 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     if config.schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {config.schedule!r}; one of {', '.join(SCHEDULES)}")
     modes = config.modes
-    known = MODES + (PLACED_MODE, TORCH_W_IN_B_MODE) + SWEEP_MODES
-    unknown = [m for m in modes if m not in known]
+    unknown = [m for m in modes if m not in KNOWN_MODES]
     if unknown or not modes or len(set(modes)) != len(modes):
-        raise ValueError(f"unknown or repeated modes {list(modes)}; choose from {', '.join(known)}")
+        raise ValueError(f"unknown or repeated modes {list(modes)}; choose from {', '.join(KNOWN_MODES)}")
     if set(PLAN_MODES) & set(modes):
         fractions = config.memory_budgets
         if not fractions or min(fractions) < 0 or len({round(f * 100) for f in fractions}) != len(fractions):
@@ -137,7 +136,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--world", type=int, default=2, help="ranks (processes, Gloo on CPU)")
     p.add_argument("--schedule", choices=list(SCHEDULES), default="zbv", help="torch.distributed.pipelining schedule")
     p.add_argument("--modes", default=",".join(MODES),
-                   help="comma-separated, from: " + ", ".join(MODES + (PLACED_MODE, TORCH_W_IN_B_MODE) + SWEEP_MODES)
+                   help="comma-separated, from: " + ", ".join(KNOWN_MODES)
                         + " (the last ones are the memory sweep's: python -m pipeline_bench.sweep)")
     p.add_argument("--steps", type=int, default=5, help="measured steps per mode (medians reported)")
     p.add_argument("--rounds", type=int, default=1,

@@ -26,8 +26,9 @@ Both hooks use private attributes of torch's pipelining (``_stages``,
 ``_stage``, the two tables and their ``pop``, ``backward_one_chunk``'s
 argument order, ``pipeline_order_with_comms``), and so does W's taking of
 what B computed (``backward_state``'s param groups, Note [Weight gradients a
-custom Function computes in B]); torch has no public API for any of them. So nothing here may switch itself off quietly (see Note
-[Hook points fail loudly]).
+custom Function computes in B]); torch has no public API for any of them.
+So nothing here may switch itself off quietly (see Note [Hook points fail
+loudly]).
 
 Note [Hook points fail loudly]
 A torch that moved one of these points would leave training running without

@@ -42,7 +42,7 @@ more (a stage's graph keeps its shape between micro-batches).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch.autograd.function import BackwardCFunction
@@ -53,7 +53,7 @@ from ._hook_points import b_param_groups, leave_nothing_for_w
 Edge = Tuple[Any, int]  # (autograd node, index of its output)
 
 
-def _consumers(roots: List[Any], params: Dict[int, torch.Tensor]) -> Dict[int, List[Edge]]:
+def _consumers(roots: List[Any], params: Set[int]) -> Dict[int, List[Edge]]:
     """id(parameter) -> every (node, output index) whose edge reaches its
     ``AccumulateGrad``, over the graph under ``roots``."""
     seen = set(roots)
@@ -100,7 +100,7 @@ class WeightGradsInB:
         roots = self.roots.pop(bwd_chunk_id, None)
         if full or not self.active or not roots:
             return None
-        params = {id(p): p for p in self.stage.submod.parameters() if p.requires_grad}
+        params = {id(p) for p in self.stage.submod.parameters() if p.requires_grad}
         taken = {key: edges for key, edges in _consumers(roots, params).items()
                  if all(isinstance(node, BackwardCFunction) for node, _ in edges)}
         if not taken:
