@@ -46,12 +46,14 @@ def build(blocks, dim, heads, wrap, seed=0, dropout=0.0):
     return torch.nn.ModuleList(plain), [wrap(b) for b in plain]
 
 
+BASE = "compiled torch ckpt"
 VARIANTS = {
     "eager, torch ckpt": lambda b: (lambda x: torch_checkpoint.checkpoint(b, x, use_reentrant=False)),
     "compiled, no ckpt": lambda b: torch.compile(b),
     "compiled torch ckpt": lambda b: torch.compile(torch_wrapper(b)),
     "compiled prefire wrapper": lambda b: torch.compile(prefire.checkpoint_wrapper(b)),
     "prefire around compiled": lambda b: prefire.checkpoint_wrapper(torch.compile(b)),
+    "prefire around prefire.compile": lambda b: prefire.checkpoint_wrapper(prefire.compile(b)),
 }
 
 
@@ -112,7 +114,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=3, help="steps per round and variant")
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS),
+                        help=f"run this variant (repeatable; default all; {BASE!r}, the ratios' base, always runs)")
     args = parser.parse_args()
+    variants = {name: wrap for name, wrap in VARIANTS.items()
+                if args.variant is None or name in args.variant or name == BASE}
     torch.set_num_threads(1)
     prefire.count_cpu_allocations()  # before any model
     warnings.filterwarnings("ignore", message="prefire.checkpoint inside torch.compile")
@@ -120,7 +126,7 @@ def main():
     torch.manual_seed(1)
     x = torch.randn(args.batch, args.seq, args.dim, requires_grad=True)
     steps, kept, peak, compile_s = {}, {}, {}, {}
-    for name, wrap in VARIANTS.items():
+    for name, wrap in variants.items():
         params, layers = build(args.blocks, args.dim, args.heads, wrap)
         params = list(params.parameters())
         start = time.perf_counter()
@@ -129,7 +135,7 @@ def main():
         kept[name] = kept_bytes(params, layers, x)
         steps[name] = make_step(params, layers, x)
         peak[name] = step_peak(steps[name])
-    times = {name: [] for name in VARIANTS}
+    times = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, step in steps.items():
             start = time.perf_counter()
@@ -137,13 +143,13 @@ def main():
                 step()
             times[name].append((time.perf_counter() - start) / args.steps * 1e3)
 
-    base = "compiled torch ckpt"
+    base = BASE
     ms = {name: statistics.median(t) for name, t in times.items()}
     print(f"{args.blocks} GPT blocks, dim {args.dim}, batch {args.batch} x seq {args.seq}, CPU, 1 thread, "
           f"inductor; {args.rounds} rounds of {args.steps} steps")
     print(f"{'variant':26s} {'step ms med [min-max]':>24s} {'/ ' + base:>22s} {'step peak MiB':>14s}"
           f" {'/ ' + base:>22s} {'kept MiB':>9s} {'first step s':>13s}")
-    for name in VARIANTS:
+    for name in variants:
         spread = f"{ms[name]:.1f} [{min(times[name]):.1f}-{max(times[name]):.1f}]"
         print(f"{name:26s} {spread:>24s} {ms[name] / ms[base]:22.3f} {peak[name] / 2**20:14.2f}"
               f" {peak[name] / peak[base]:22.3f} {kept[name] / 2**20:9.2f} {compile_s[name]:13.1f}")

@@ -156,7 +156,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each block (inductor): none compile(block), torch compile(checkpoint(block)) "
                         f"({TORCH_W_IN_B_MODE}: the same under pipelining.enable), session and prefire "
-                        f"prefire.checkpoint(compile(block)); modes {','.join(COMPILE_MODES)}")
+                        f"prefire.checkpoint(prefire.compile(block)); modes {','.join(COMPILE_MODES)}")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per round before its ranks are killed")
     p.add_argument("--placement", metavar="FILE",
                    help="placed mode's bubble prefires, as the simulator's search placed them (python -m "

@@ -77,14 +77,17 @@ def compiled_block_runner(mode: str):
     torch-w-in-b: torch's compiled checkpoint, the checkpoint inside the
     compiled region (its partitioner recomputes inside the compiled backward,
     as under torchtitan's order); session and prefire: ``prefire.checkpoint`` around
-    the compiled block (Note [prefire.checkpoint inside torch.compile])."""
+    the block compiled by ``prefire.compile`` (Note [prefire.checkpoint inside
+    torch.compile])."""
     compiled: Dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
 
     def of(block):
         fn = compiled.get(block.index)
         if fn is None:
-            math = torch.compile((lambda x: torch_checkpoint.checkpoint(block.compute, x, use_reentrant=False))
-                                 if mode in ("torch", TORCH_W_IN_B_MODE) else block.compute)
+            if mode in ("torch", TORCH_W_IN_B_MODE):
+                math = torch.compile(lambda x: torch_checkpoint.checkpoint(block.compute, x, use_reentrant=False))
+            else:
+                math = (prefire.compile if mode in ("session", "prefire") else torch.compile)(block.compute)
             fn = compiled[block.index] = lambda x: block.timed(math, x)
         return fn
 

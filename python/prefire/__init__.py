@@ -40,6 +40,7 @@ if _outside:
 from . import _C, cuda  # noqa: E402
 from ._allocator import AllocatorBytes, AllocatorPeak, allocator_bytes, count_cpu_allocations, reset_allocator_peak
 from ._checkpoint import CheckpointError, CheckpointWrapper, checkpoint, checkpoint_sequential, checkpoint_wrapper
+from ._compile import compile
 from ._meter import SavedTensorMeter
 
 OffloadTier = _C.OffloadTier
@@ -106,6 +107,7 @@ __all__ = [
     "checkpoint_wrapper",
     "choice_seconds",
     "clear_session",
+    "compile",
     "copy_seconds",
     "collect",
     "count_cpu_allocations",

@@ -17,7 +17,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _pytree as pytree
 from torch.utils._device import DeviceContext
 
-from . import _C, _fsdp
+from . import _C, _compile, _fsdp
 from ._options import check_options, check_values
 
 #: Raised for checkpoint misuse; a torch.utils.checkpoint.CheckpointError.
@@ -41,10 +41,13 @@ CheckpointError = _C.CheckpointError
 # traces, so it costs no graph break).
 #
 # To keep prefire's scheduling for a compiled block, compile inside the
-# checkpoint: prefire.checkpoint(torch.compile(block), x), or
-# prefire.checkpoint_wrapper(torch.compile(block)). Forward and recomputation
-# then run the same compiled code and save the same tensors (tested bit-equal
-# with aot_eager).
+# checkpoint: prefire.checkpoint(prefire.compile(block), x), or
+# prefire.checkpoint_wrapper(prefire.compile(block)). Forward is
+# torch.compile's (inductor) and the recomputation runs the part of it that
+# computes what the compiled backward reads (Note [A compiled block's
+# recomputation program] in _compile.py); around torch.compile(block) it
+# runs the whole compiled forward again. Either way the recomputation saves
+# the tensors forward saved (tested bit-equal, inductor and aot_eager).
 #
 # Under a pipeline's B/W split the compiled backward, one node, computes
 # every gradient whenever it runs: prefire.pipelining.enable lets W take the
@@ -127,7 +130,7 @@ def _warn_compiled_region() -> bool:
         "compile",
         "prefire.checkpoint inside torch.compile runs torch.utils.checkpoint(use_reentrant=False): the compiled "
         "backward recomputes the region itself, and prefire's sessions and prefire() do not apply to it. To keep "
-        "them, compile inside the checkpoint (prefire.checkpoint(torch.compile(block), ...)). See Note "
+        "them, compile inside the checkpoint (prefire.checkpoint(prefire.compile(block), ...)). See Note "
         "[prefire.checkpoint inside torch.compile]",
     )
     return True
@@ -351,7 +354,7 @@ def checkpoint(
     if torch.compiler.is_compiling():
         if offload_to is not None:  # torch's checkpoint would recompute: never offload silently
             raise ValueError("prefire.checkpoint: offload_to is not supported inside a region torch.compile traces; "
-                             "call the offloaded checkpoint outside it (prefire.checkpoint(torch.compile(block), "
+                             "call the offloaded checkpoint outside it (prefire.checkpoint(prefire.compile(block), "
                              "...))")
         return _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determinism_check, debug,
                                               early_stop, preserve_rng_state)
@@ -421,19 +424,28 @@ class _FunctionCall:
         if self.types is not None:
             tensors = [_as_forward_type(t, cls) for t, cls in zip(tensors, self.types)]
         if "done" not in self.forward:
-            return self._call(tensors)
+            with _compile.forward_of(self._forward_tensors) as graph:
+                out = self._call(tensors)
+            self.forward["graph"] = graph[0]
+            return out
         # A recomputation: forward's torch.device(...) context, FSDP2's
-        # parameters gathered (Note [Prefire of FSDP2-sharded blocks]).
+        # parameters gathered (Note [Prefire of FSDP2-sharded blocks]), a
+        # compiled block's program (Note [A compiled block's recomputation
+        # program] in _compile.py).
         if "fsdp" not in self.forward:
             self.forward["fsdp"] = _fsdp.states_of(self.function)
-        if self.device is None and not self.forward["fsdp"]:
+        if self.device is None and not self.forward["fsdp"] and self.forward["graph"] is None:
             return self._call(tensors)
         with contextlib.ExitStack() as contexts:
+            contexts.enter_context(_compile.recomputing(self.forward["graph"]))
             if self.device is not None:
                 contexts.enter_context(DeviceContext(self.device))
             if self.forward["fsdp"]:
                 contexts.enter_context(_fsdp.gathered(self.forward["fsdp"]))
             return self._call(tensors)
+
+    def _forward_tensors(self) -> List[torch.Tensor]:
+        return [o for o in self.forward["flat"] if isinstance(o, torch.Tensor)]
 
     def _call(self, tensors: List[torch.Tensor]) -> List[torch.Tensor]:
         if self.spec is None:

@@ -14,7 +14,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch.distributed import pipelining as pp
 
 import prefire
-from prefire import pipelining
+from prefire import _compile, pipelining
 from pipeline_bench import run
 from pipeline_bench.config import RunConfig
 from pipeline_bench.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
@@ -124,6 +124,9 @@ def test_w_takes_the_weight_gradients_a_compiled_blocks_backward_gave_in_b(one_r
     for wrap, make in ((plain, torch.compile),
                        (lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=False), torch.compile),
                        (lambda f, x: prefire.checkpoint(f, x), torch.compile),
+                       # recomputing with the compiled forward's program (Note [A compiled block's
+                       # recomputation program])
+                       (lambda f, x: prefire.checkpoint(f, x), prefire.compile),
                        # torchtitan's order: inside the compiled region prefire's checkpoint is torch's
                        (plain, lambda m: torch.compile(prefire.checkpoint_wrapper(m), fullgraph=True))):
         schedule, modules, step, backward_runs = compiled_zbv_one_rank(wrap, make)
@@ -137,8 +140,11 @@ def test_w_takes_the_weight_gradients_a_compiled_blocks_backward_gave_in_b(one_r
             warnings.simplefilter("always")
             for _ in range(2):
                 backward_runs.clear()
+                programs = _compile.program_runs
                 grads = step()
                 assert backward_runs == {b: mb for b in range(TINY.blocks)}
+                if make is prefire.compile:  # one recomputation per block and micro-batch, by its program
+                    assert _compile.program_runs - programs == TINY.blocks * mb
                 # the same program on the same tensors: the same bits as torch's W
                 assert all(torch.equal(grads[n], torchs[n]) for n in torchs)
                 assert all(torch.allclose(grads[n], expected[n], rtol=1e-4, atol=1e-6) for n in expected)

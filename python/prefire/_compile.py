@@ -1,0 +1,302 @@
+"""prefire.compile: torch.compile (inductor) for a block prefire checkpoints,
+whose recomputation runs only what the block's compiled backward reads."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+# Note [A compiled block's recomputation program]
+# prefire.checkpoint(torch.compile(block), x) drops what the compiled forward
+# saves (AOTAutograd's forward graph returns the block's outputs, then the
+# tensors its partitioner saved for the compiled backward, which
+# CompiledFunction saves through save_for_backward, so through prefire's
+# hooks) and recomputes them by running that forward again: all of it,
+# outputs included, where torch's compiled checkpoint recomputes inside its
+# backward only what the backward reads. On a GPT block the output path
+# (the second MLP matmul) is a third of the block's matmul work, and early
+# stop cannot stop inside one compiled graph.
+#
+# prefire.compile compiles with inductor as torch.compile does and, for each
+# training forward graph, a second program: the same graph with the
+# forward's returns removed, so that it returns the saved tensors only and
+# dead-code elimination drops the output path, its outputs held to the
+# strides the compiled forward gave them (the compiled backward was compiled
+# for those). The compiled forward callable becomes _Forward, which runs the
+# forward as before, except inside prefire's recomputation of a checkpoint
+# whose function is that one graph: there it runs the program and hands
+# AOTAutograd empty tensors of the forward returns' shapes in their place,
+# so CompiledFunction saves the program's tensors, in forward's order,
+# through the same hooks (prefire's recomputation reads them there), and
+# the empty returns are never read: early stop ends the recomputation at
+# the last save, and without it the recomputation's outputs are dropped.
+#
+# That is exact only where nothing reads those returns during the
+# recomputation, so a checkpoint uses the program only when, in its forward,
+# exactly one prefire.compile graph ran and every tensor the checkpointed
+# function returned is one of that graph's returns (a graph break after
+# the graph, or eager code on its outputs, fails this: the whole forward
+# runs, as for torch.compile). A graph gets no program (the whole forward
+# runs) when it draws random numbers (the program would draw them
+# differently), mutates an input (its new value is a forward return),
+# has effect tokens or symbolic shapes. A program whose tensors differ in
+# shape, stride or dtype from forward's raises a CheckpointError.
+#
+# Private torch parts read (checked by _check_torch at prefire.compile, and
+# by tests/python/test_compile.py): inductor's compile_fx / compile_fx_inner
+# and their boxed calling convention, TracingContext's fw_metadata
+# (num_forward_returns, num_mutated_inp_runtime_indices, tokens) and
+# output_strides, the output node's user_visible_output_idxs /
+# original_output_strides, and functorch's autograd cache switches (off
+# for these graphs: a cached forward would come back without its program).
+
+_state = threading.local()
+_programs_exist = False  # no prefire.compile graph yet: checkpoints skip all of this
+program_runs = 0  # recomputations a program ran (tests and benchmarks read it)
+
+
+def _check_torch() -> None:
+    missing = []
+    try:
+        from torch._inductor import compile_fx as compile_fx_module
+    except ImportError as error:
+        raise RuntimeError(f"prefire.compile: torch {torch.__version__} has no torch._inductor.compile_fx "
+                           f"({error}); use torch.compile(block) with prefire.checkpoint around it") from None
+    for name in ("compile_fx", "compile_fx_inner"):
+        if not hasattr(compile_fx_module, name):
+            missing.append(f"torch._inductor.compile_fx.{name}")
+    guards = torch._guards.TracingContext
+    for name in ("try_get", "report_output_strides"):
+        if not hasattr(guards, name):
+            missing.append(f"torch._guards.TracingContext.{name}")
+    from torch._functorch import config as functorch_config
+    for name in ("enable_autograd_cache", "bundled_autograd_cache"):
+        if not hasattr(functorch_config, name):
+            missing.append(f"torch._functorch.config.{name}")
+    if missing:
+        raise RuntimeError(f"prefire.compile: torch {torch.__version__} lacks what it reads ({', '.join(missing)}); "
+                           "use torch.compile(block) with prefire.checkpoint around it (Note [A compiled block's "
+                           "recomputation program] in prefire/_compile.py)")
+
+
+def _draws(node: torch.fx.Node) -> bool:
+    """Whether ``node`` draws random numbers: an op tagged so, except an
+    attention whose dropout_p is 0 (SDPA's kernels carry the tag)."""
+    target = node.target
+    if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
+            or torch.Tag.nondeterministic_seeded not in target.tags):
+        return False
+    arguments = target._schema.arguments
+    where = [i for i, a in enumerate(arguments) if a.name == "dropout_p"]
+    if not where:
+        return True
+    i = where[0]
+    p = node.kwargs["dropout_p"] if "dropout_p" in node.kwargs else (
+        node.args[i] if i < len(node.args) else arguments[i].default_value)
+    return p != 0
+
+
+def _random(gm: torch.fx.GraphModule) -> bool:
+    return any(_draws(node) for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes)
+
+
+def _returns(gm: torch.fx.GraphModule) -> Optional[int]:
+    """How many of the forward graph's outputs are its returns (the rest are
+    saved for backward), or None where no program can stand in for it."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None:
+        return None
+    for name in ("num_forward_returns", "num_mutated_inp_runtime_indices", "tokens"):
+        if not hasattr(meta, name):
+            raise RuntimeError(f"prefire.compile: AOTAutograd's forward metadata has no {name} in torch "
+                               f"{torch.__version__} (Note [A compiled block's recomputation program])")
+    if meta.num_mutated_inp_runtime_indices or meta.tokens:
+        return None
+    outputs = gm.graph.find_nodes(op="output")[0].args[0]
+    returns = meta.num_forward_returns
+    if returns >= len(outputs):
+        return None
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or any(not isinstance(s, int) for s in (*val.shape, *val.stride())):
+            return None
+    if _random(gm):
+        return None
+    return returns
+
+
+def _program_graph(gm: torch.fx.GraphModule, returns: int) -> torch.fx.GraphModule:
+    """A copy of the forward graph that returns its saved values only."""
+    graph = torch.fx.Graph()
+    values: Dict[torch.fx.Node, torch.fx.Node] = {}
+    outputs = graph.graph_copy(gm.graph, values)
+    graph.output(tuple(outputs[returns:]))
+    graph.eliminate_dead_code()
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _fingerprint(gm: torch.fx.GraphModule) -> str:
+    """The program's code and its inputs' layouts: two graphs with the same
+    fingerprint compute the same saved tensors from the same inputs."""
+    inputs = [(tuple(v.shape), v.stride(), v.dtype, v.device) for v in
+              (node.meta["val"] for node in gm.graph.find_nodes(op="placeholder"))]
+    return f"{gm.code}\n{inputs}"
+
+
+def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    from torch._inductor.compile_fx import compile_fx_inner
+    if kwargs.get("is_backward") or kwargs.get("is_inference"):
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+    returns = _returns(gm)
+    program_gm = _program_graph(gm, returns) if returns is not None else None  # before inductor's passes change gm
+    forward = compile_fx_inner(gm, example_inputs, **kwargs)
+    if program_gm is None:
+        return forward
+    context = torch._guards.TracingContext.try_get()
+    strides = list(context.output_strides or [])[returns:]
+    output = program_gm.graph.find_nodes(op="output")[0]
+    saved = output.args[0]
+    if len(strides) != len(saved) or any(s is None for s in strides):
+        return forward
+    output.meta["original_output_strides"] = [tuple(int(x) for x in s) for s in strides]
+    output.meta["user_visible_output_idxs"] = list(range(len(saved)))
+    fingerprint = _fingerprint(program_gm)  # before inductor's passes change program_gm
+    with torch._guards.TracingContext.report_output_strides():
+        program = compile_fx_inner(program_gm, example_inputs, **kwargs)
+    return _Forward(forward, program, returns, fingerprint)
+
+
+class _Forward:
+    """A compiled training forward that runs its recomputation program in
+    place of itself inside the recomputation of a checkpoint that chose it
+    (Note [A compiled block's recomputation program]). Boxed: called with
+    the list of its inputs, which it empties."""
+
+    _boxed_call = True
+
+    def __init__(self, forward: Callable[[List[Any]], Any], program: Callable[[List[Any]], Any], returns: int,
+                 fingerprint: str) -> None:
+        self.forward, self.program, self.returns, self.fingerprint = forward, program, returns, fingerprint
+        self.layouts: Optional[List[Tuple[torch.Size, Tuple[int, ...], torch.dtype, torch.device]]] = None
+
+    def __call__(self, args: List[Any]) -> Any:
+        chosen = getattr(_state, "recompute", None)
+        if chosen is not None and (chosen is self or chosen.fingerprint == self.fingerprint):
+            _state.recompute = None
+            return self._recompute(args, chosen)
+        outputs = self.forward(args)
+        if self.layouts is None:
+            self.layouts = [(o.shape, o.stride(), o.dtype, o.device) if isinstance(o, torch.Tensor) else None
+                            for o in outputs]
+        calls = getattr(_state, "calls", None)
+        if calls is not None:
+            calls.append((self, {o.untyped_storage().data_ptr() for o in outputs[:self.returns]
+                                 if isinstance(o, torch.Tensor)}))
+        return outputs
+
+    def _recompute(self, args: List[Any], chosen: "_Forward") -> List[Any]:
+        saved = list(self.program(args))
+        layouts = chosen.layouts
+        assert layouts is not None  # a recomputation follows a forward
+        for i, t in enumerate(saved):
+            expect = layouts[self.returns + i]
+            got = (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else None
+            if got != expect:
+                from ._checkpoint import CheckpointError
+                raise CheckpointError(f"prefire.compile: the recomputation program's saved tensor {i} is {got}, the "
+                                      f"compiled forward's was {expect} (Note [A compiled block's recomputation "
+                                      "program])")
+        global program_runs
+        program_runs += 1
+        # one element each, expanded to the return's shape: nothing reads them, and they cost no memory
+        empty = [None if layout is None else torch.empty(1, dtype=layout[2], device=layout[3]).expand(layout[0])
+                 for layout in layouts[:self.returns]]
+        return empty + saved
+
+
+@contextlib.contextmanager
+def forward_of(function_outputs: Callable[[], List[torch.Tensor]]) -> Iterator[List[Optional[_Forward]]]:
+    """Around a checkpoint's forward: yields a one-element list that holds,
+    after the block, the compiled graph whose program may recompute the
+    checkpoint (None: the whole function runs again)."""
+    chosen: List[Optional[_Forward]] = [None]
+    if not _programs_exist:
+        yield chosen
+        return
+    outer = getattr(_state, "calls", None)
+    calls: List[Tuple[_Forward, set]] = []
+    _state.calls = calls
+    try:
+        yield chosen
+    finally:
+        _state.calls = outer
+    if len(calls) == 1:
+        graph, returned = calls[0]
+        if all(t.untyped_storage().data_ptr() in returned for t in function_outputs()):
+            chosen[0] = graph
+
+
+@contextlib.contextmanager
+def recomputing(graph: Optional[_Forward]) -> Iterator[None]:
+    """Around a checkpoint's recomputation: its compiled graph runs its program."""
+    if graph is None:
+        yield
+        return
+    outer = getattr(_state, "recompute", None)
+    _state.recompute = graph
+    try:
+        yield
+    finally:
+        _state.recompute = outer
+
+
+def compile(model: Callable[..., Any], *, fullgraph: bool = False, dynamic: Optional[bool] = None,
+            mode: Optional[str] = None, options: Optional[Dict[str, Any]] = None) -> Any:
+    """``torch.compile(model)`` with inductor, for a block that
+    :func:`prefire.checkpoint` (or :func:`prefire.checkpoint_wrapper`)
+    checkpoints around it: forward and backward are torch.compile's, and the
+    recomputation runs only the part of the compiled forward that computes
+    the tensors its backward reads (torch.compile's whole forward otherwise).
+    Note [A compiled block's recomputation program] in prefire/_compile.py.
+
+    Args: those of ``torch.compile``; ``mode`` may not use CUDA graphs
+    (``"reduce-overhead"``, ``"max-autotune"``).
+    """
+    _check_torch()
+    from torch._inductor import list_mode_options
+    global _programs_exist
+    _programs_exist = True
+    config = dict(list_mode_options(mode, dynamic)) if mode is not None else {}
+    config.update(options or {})
+    if config.get("triton.cudagraphs"):
+        raise ValueError(f"prefire.compile: mode={mode!r} / options use CUDA graphs, which prefire's recomputation "
+                         "cannot replay; use mode='max-autotune-no-cudagraphs' or the default mode")
+
+    return torch.compile(model, backend=_Backend(config), fullgraph=fullgraph, dynamic=dynamic)
+
+
+class _Backend:
+    """Inductor with recomputation programs, under inductor's config patches
+    ``config``. Equal backends compare equal, as torch.compile's own do:
+    dynamo keeps one cache entry of a code object (a block class's forward,
+    shared by every block) per backend, so blocks compiled alike share one."""
+
+    def __init__(self, config: Dict[str, Any]) -> None:
+        self.config = config
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Backend) and self.config == other.config
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self.config.items())))
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        from torch._functorch import config as functorch_config
+        from torch._inductor.compile_fx import compile_fx
+        with functorch_config.patch(enable_autograd_cache=False, bundled_autograd_cache=False):
+            return compile_fx(gm, example_inputs, inner_compile=_inner_compile, config_patches=self.config or None)
