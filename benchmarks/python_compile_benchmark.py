@@ -1,7 +1,8 @@
 """prefire and torch.compile (inductor), side by side in one process.
 
 A stack of GPT blocks (tests/python/test_checkpoint.py's Block, no dropout)
-trained one step at a time on CPU, one intra-op thread, in five variants:
+trained one step at a time on CPU, one intra-op thread, in six variants
+(``--variant NAME``, repeatable, runs only those and the ratios' base):
 
   eager, torch ckpt        torch.utils.checkpoint per block, no compile
   compiled, no ckpt        torch.compile(block) per block, nothing checkpointed
@@ -10,7 +11,12 @@ trained one step at a time on CPU, one intra-op thread, in five variants:
                            inside a compiled region prefire.checkpoint is
                            torch's (Note [prefire.checkpoint inside torch.compile])
   prefire around compiled  prefire.checkpoint_wrapper(torch.compile(block)):
-                           prefire's runtime around compiled math (sessions apply)
+                           prefire's runtime around compiled math (sessions apply);
+                           the recomputation runs the whole compiled forward
+  prefire around compiled (prefire.compile)
+                           prefire.checkpoint_wrapper(prefire.compile(block)):
+                           the same, recomputing with the forward graph's program
+                           (Note [A compiled block's recomputation program])
 
 For each: the step time (median of interleaved rounds), the step peak (the
 most the CPU allocator held during a step above what it held when the step
@@ -53,7 +59,7 @@ VARIANTS = {
     "compiled torch ckpt": lambda b: torch.compile(torch_wrapper(b)),
     "compiled prefire wrapper": lambda b: torch.compile(prefire.checkpoint_wrapper(b)),
     "prefire around compiled": lambda b: prefire.checkpoint_wrapper(torch.compile(b)),
-    "prefire around prefire.compile": lambda b: prefire.checkpoint_wrapper(prefire.compile(b)),
+    "prefire around compiled (prefire.compile)": lambda b: prefire.checkpoint_wrapper(prefire.compile(b)),
 }
 
 
@@ -147,11 +153,11 @@ def main():
     ms = {name: statistics.median(t) for name, t in times.items()}
     print(f"{args.blocks} GPT blocks, dim {args.dim}, batch {args.batch} x seq {args.seq}, CPU, 1 thread, "
           f"inductor; {args.rounds} rounds of {args.steps} steps")
-    print(f"{'variant':26s} {'step ms med [min-max]':>24s} {'/ ' + base:>22s} {'step peak MiB':>14s}"
+    print(f"{'variant':42s} {'step ms med [min-max]':>24s} {'/ ' + base:>22s} {'step peak MiB':>14s}"
           f" {'/ ' + base:>22s} {'kept MiB':>9s} {'first step s':>13s}")
     for name in variants:
         spread = f"{ms[name]:.1f} [{min(times[name]):.1f}-{max(times[name]):.1f}]"
-        print(f"{name:26s} {spread:>24s} {ms[name] / ms[base]:22.3f} {peak[name] / 2**20:14.2f}"
+        print(f"{name:42s} {spread:>24s} {ms[name] / ms[base]:22.3f} {peak[name] / 2**20:14.2f}"
               f" {peak[name] / peak[base]:22.3f} {kept[name] / 2**20:9.2f} {compile_s[name]:13.1f}")
 
 

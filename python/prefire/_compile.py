@@ -33,6 +33,12 @@ import torch
 # through the same hooks (prefire's recomputation reads them there), and
 # the empty returns are never read: early stop ends the recomputation at
 # the last save, and without it the recomputation's outputs are dropped.
+# A recomputation runs with autocast's cast cache off (Note [Autocast's cast
+# cache in recomputation] in src/checkpoint/state_capture.h), global state
+# dynamo guards, so there the same code runs another cache entry, compiled
+# alike: the graph that runs there uses its own program when that
+# program's code and input layouts equal those of forward's graph
+# (_fingerprint).
 #
 # That is exact only where nothing reads those returns during the
 # recomputation, so a checkpoint uses the program only when, in its forward,
@@ -41,8 +47,11 @@ import torch
 # the graph, or eager code on its outputs, fails this: the whole forward
 # runs, as for torch.compile). A graph gets no program (the whole forward
 # runs) when it draws random numbers (the program would draw them
-# differently), mutates an input (its new value is a forward return),
-# has effect tokens or symbolic shapes. A program whose tensors differ in
+# differently), mutates an input outside the graph (AOTAutograd copies a
+# forward return into it; updates inductor keeps in the graph, a
+# BatchNorm's running statistics, are kept by dead-code elimination, so
+# the program makes them as the whole forward does), has effect tokens or
+# symbolic shapes. A program whose tensors differ in
 # shape, stride or dtype from forward's raises a CheckpointError.
 #
 # Private torch parts read (checked by _check_torch at prefire.compile, and
@@ -54,7 +63,7 @@ import torch
 # for these graphs: a cached forward would come back without its program).
 
 _state = threading.local()
-_programs_exist = False  # no prefire.compile graph yet: checkpoints skip all of this
+_programs_exist = False  # no prefire.compile call yet: checkpoints skip all of this
 program_runs = 0  # recomputations a program ran (tests and benchmarks read it)
 
 
@@ -213,8 +222,9 @@ class _Forward:
                                       "program])")
         global program_runs
         program_runs += 1
-        # one element each, expanded to the return's shape: nothing reads them, and they cost no memory
-        empty = [None if layout is None else torch.empty(1, dtype=layout[2], device=layout[3]).expand(layout[0])
+        # with forward's strides: AOTAutograd may take views of them (an output that aliases another)
+        empty = [None if layout is None else torch.empty_strided(layout[0], layout[1], dtype=layout[2],
+                                                                  device=layout[3])
                  for layout in layouts[:self.returns]]
         return empty + saved
 
