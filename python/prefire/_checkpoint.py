@@ -19,6 +19,7 @@ from torch.utils._device import DeviceContext
 
 from . import _C, _compile, _fsdp
 from ._options import check_options, check_values
+from ._thread_state import set_in_block
 
 #: Raised for checkpoint misuse; a torch.utils.checkpoint.CheckpointError.
 CheckpointError = _C.CheckpointError
@@ -83,16 +84,10 @@ PlannedRun = Callable[[Callable[[], Any], Callable[[], Any], Optional[Callable[[
                        Optional[Callable[[Any], Any]], Tuple[Any, ...], Dict[str, Any]], Any]
 
 
-@contextlib.contextmanager
-def planned_calls(run: PlannedRun):
+def planned_calls(run: PlannedRun) -> ContextManager[None]:
     """Hands this thread's outermost checkpoint() calls to ``run`` inside
     the block (Note [Planned checkpoints])."""
-    outer = getattr(_planned, "run", None)
-    _planned.run = run
-    try:
-        yield
-    finally:
-        _planned.run = outer
+    return set_in_block(_planned, "run", run)
 
 
 def _run_planned(run: PlannedRun, checkpointed: Callable[[], Any], plain: Callable[[], Any],

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+
+from ._thread_state import set_in_block
 
 # Note [A compiled block's recomputation program]
 # prefire.checkpoint(torch.compile(block), x) drops what the compiled forward
@@ -238,31 +240,18 @@ def forward_of(function_outputs: Callable[[], List[torch.Tensor]]) -> Iterator[L
     if not _programs_exist:
         yield chosen
         return
-    outer = getattr(_state, "calls", None)
     calls: List[Tuple[_Forward, set]] = []
-    _state.calls = calls
-    try:
+    with set_in_block(_state, "calls", calls):
         yield chosen
-    finally:
-        _state.calls = outer
     if len(calls) == 1:
         graph, returned = calls[0]
         if all(t.untyped_storage().data_ptr() in returned for t in function_outputs()):
             chosen[0] = graph
 
 
-@contextlib.contextmanager
-def recomputing(graph: Optional[_Forward]) -> Iterator[None]:
+def recomputing(graph: Optional[_Forward]) -> ContextManager[None]:
     """Around a checkpoint's recomputation: its compiled graph runs its program."""
-    if graph is None:
-        yield
-        return
-    outer = getattr(_state, "recompute", None)
-    _state.recompute = graph
-    try:
-        yield
-    finally:
-        _state.recompute = outer
+    return set_in_block(_state, "recompute", graph) if graph is not None else contextlib.nullcontext()
 
 
 def compile(model: Callable[..., Any], *, fullgraph: bool = False, dynamic: Optional[bool] = None,
