@@ -165,10 +165,33 @@ class PythonHooks final : public detail::HookSource {
 
 // ---- the checkpointed function and context hooks -----------------------------
 
+// Note [A Python object released after Python ended]
+// C++ keeps Python objects in places that outlive the interpreter: the
+// recompute observer (prefire.set_recompute_observer) lives in a C++ static,
+// destroyed by the process's exit handlers after Py_Finalize. Dropping the
+// reference there took the GIL of an interpreter that no longer exists and
+// crashed every process that exited with an observer set (a segfault in
+// PyThread_acquire_lock at exit, seen from gdb's native frames). Once
+// Python is finalizing or gone, the reference is left, as Python leaves
+// the objects it does not free at exit.
+
+bool python_ended() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+  return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
 /// A Python object that may be released on any thread: takes the GIL to drop
-/// its reference.
+/// its reference (Note [A Python object released after Python ended]).
 std::shared_ptr<py::object> hold(py::object object) {
   return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* o) {
+    if (python_ended()) {
+      o->release();
+      delete o;
+      return;
+    }
     py::gil_scoped_acquire gil;
     delete o;
   });

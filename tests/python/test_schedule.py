@@ -4,6 +4,9 @@ torch's checkpoint recomputes every block in both passes, prefire with a
 session once, and the gradients are the same."""
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -142,6 +145,16 @@ def test_recompute_observer_sees_lazy_and_prefire_recomputations():
         prefire.set_recompute_observer(None)
     prefire.checkpoint(torch.sin, x).sum().backward()  # removed: not seen
     assert events == [("lazy", -1, True), ("prefire", 5, True)]
+
+
+def test_a_process_that_exits_with_a_recompute_observer_set_exits_cleanly():
+    # Note [A Python object released after Python ended]: C++ drops the
+    # observer after the interpreter ended (a segfault before)
+    code = ("import torch, prefire; prefire.set_recompute_observer(lambda *event: None); "
+            "x = torch.randn(2, requires_grad=True); prefire.checkpoint(torch.sin, x).sum().backward()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
 
 
 def test_cuda_knobs_without_a_gpu_are_harmless_and_the_stream_is_prefires_own():
