@@ -45,9 +45,11 @@ from ._thread_state import set_in_block
 # That is exact only where nothing reads those returns during the
 # recomputation, so a checkpoint uses the program only when, in its forward,
 # exactly one prefire.compile graph ran and every tensor the checkpointed
-# function returned is one of that graph's returns (a graph break after
-# the graph, or eager code on its outputs, fails this: the whole forward
-# runs, as for torch.compile). A graph gets no program (the whole forward
+# function returned is one of that graph's returns, as the graph's node
+# returned it (a graph break after the graph, or eager code on its
+# outputs, an in-place op included, fails this: the whole forward runs, as
+# for torch.compile). Eager code that reads a return and whose result is
+# dropped may save it; nothing unpacks what it saved. A graph gets no program (the whole forward
 # runs) when it draws random numbers (the program would draw them
 # differently), mutates an input outside the graph (AOTAutograd copies a
 # forward return into it; updates inductor keeps in the graph, a
@@ -151,12 +153,13 @@ def _program_graph(gm: torch.fx.GraphModule, returns: int) -> torch.fx.GraphModu
     return torch.fx.GraphModule(gm, graph)
 
 
-def _fingerprint(gm: torch.fx.GraphModule) -> str:
-    """The program's code and its inputs' layouts: two graphs with the same
-    fingerprint compute the same saved tensors from the same inputs."""
+def _fingerprint(gm: torch.fx.GraphModule, returns: int) -> str:
+    """The program's code, its inputs' layouts and the forward's count of
+    returns: two graphs with the same fingerprint compute the same saved
+    tensors from the same inputs, behind as many returns."""
     inputs = [(tuple(v.shape), v.stride(), v.dtype, v.device) for v in
               (node.meta["val"] for node in gm.graph.find_nodes(op="placeholder"))]
-    return f"{gm.code}\n{inputs}"
+    return f"{returns}\n{gm.code}\n{inputs}"
 
 
 def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
@@ -176,7 +179,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
         return forward
     output.meta["original_output_strides"] = [tuple(int(x) for x in s) for s in strides]
     output.meta["user_visible_output_idxs"] = list(range(len(saved)))
-    fingerprint = _fingerprint(program_gm)  # before inductor's passes change program_gm
+    fingerprint = _fingerprint(program_gm, returns)  # before inductor's passes change program_gm
     with torch._guards.TracingContext.report_output_strides():
         program = compile_fx_inner(program_gm, example_inputs, **kwargs)
     return _Forward(forward, program, returns, fingerprint)
@@ -245,8 +248,15 @@ def forward_of(function_outputs: Callable[[], List[torch.Tensor]]) -> Iterator[L
         yield chosen
     if len(calls) == 1:
         graph, returned = calls[0]
-        if all(t.untyped_storage().data_ptr() in returned for t in function_outputs()):
+        if all(_returned_as_is(t, returned) for t in function_outputs()):
             chosen[0] = graph
+
+
+def _returned_as_is(t: torch.Tensor, returned: set) -> bool:
+    """Whether ``t`` is one of a graph's returns that no autograd op touched
+    after the graph (an in-place op on it could have saved the return)."""
+    return t.untyped_storage().data_ptr() in returned and (
+        t.grad_fn is None or type(t.grad_fn).__name__ == "CompiledFunctionBackward")
 
 
 def recomputing(graph: Optional[_Forward]) -> ContextManager[None]:

@@ -70,6 +70,13 @@ def test_a_checkpoint_whose_function_reads_the_compiled_blocks_output_recomputes
     assert _compile.program_runs == runs
     assert_equal(got, expected)
 
+    # an in-place op on the compiled output saves it (mul_ saves its input for w's gradient)
+    w = torch.randn(32, requires_grad=True)
+    expected = torch.autograd.grad(torch.compile(blocks[0])(x).mul_(w).square().mean(), [x, w])
+    got = torch.autograd.grad(prefire.checkpoint(lambda z: compiled(z).mul_(w), x).square().mean(), [x, w])
+    assert _compile.program_runs == runs
+    assert_equal(got, expected)
+
     def broken(z):  # two graphs: the second reads the first's outputs
         z = blocks[0].ln1(z) * 2
         torch._dynamo.graph_break()
