@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -43,20 +44,21 @@ from ._thread_state import set_in_block
 # (_fingerprint).
 #
 # That is exact only where nothing reads those returns during the
-# recomputation, so a checkpoint uses the program only when, in its forward,
-# exactly one prefire.compile graph ran and every tensor the checkpointed
-# function returned is one of that graph's returns, as the graph's node
-# returned it (a graph break after the graph, or eager code on its
-# outputs, an in-place op included, fails this: the whole forward runs, as
-# for torch.compile). Eager code that reads a return and whose result is
-# dropped may save it; nothing unpacks what it saved. A graph gets no program (the whole forward
-# runs) when it draws random numbers (the program would draw them
-# differently), mutates an input outside the graph (AOTAutograd copies a
-# forward return into it; updates inductor keeps in the graph, a
-# BatchNorm's running statistics, are kept by dead-code elimination, so
-# the program makes them as the whole forward does), has effect tokens or
-# symbolic shapes. A program whose tensors differ in
-# shape, stride or dtype from forward's raises a CheckpointError.
+# recomputation, so a checkpoint uses the program only when, in its
+# forward, exactly one prefire.compile graph ran and every tensor the
+# checkpointed function returned is one of that graph's returns, as the
+# graph's node returned it (a graph break after the graph, or eager code on
+# its outputs, an in-place op included, fails this: the whole forward runs,
+# as for torch.compile). Eager code that reads a return and whose result is
+# dropped may save it; nothing unpacks what it saved. A graph gets no
+# program (the whole forward runs) when it draws random numbers (the
+# program would draw them differently), mutates an input outside the graph
+# (AOTAutograd copies a forward return into it; updates inductor keeps in
+# the graph, a BatchNorm's running statistics, are kept by dead-code
+# elimination, so the program makes them as the whole forward does), has
+# effect tokens or symbolic shapes. Each reason, a graph's or a
+# checkpoint's, warns once. A program whose tensors differ in shape, stride
+# or dtype from forward's raises a CheckpointError.
 #
 # Private torch parts read (checked by _check_torch at prefire.compile, and
 # by tests/python/test_compile.py): inductor's compile_fx / compile_fx_inner
@@ -69,6 +71,14 @@ from ._thread_state import set_in_block
 _state = threading.local()
 _programs_exist = False  # no prefire.compile call yet: checkpoints skip all of this
 program_runs = 0  # recomputations a program ran (tests and benchmarks read it)
+_warned: set = set()  # why a graph or a checkpoint went without a program, said once each
+
+
+def _without_program(why: str) -> None:
+    if why not in _warned:
+        _warned.add(why)
+        warnings.warn(f"prefire.compile: {why}, so a prefire recomputation of it runs the whole compiled forward "
+                      "(Note [A compiled block's recomputation program])", UserWarning, stacklevel=3)
 
 
 def _check_torch() -> None:
@@ -123,12 +133,14 @@ def _returns(gm: torch.fx.GraphModule) -> Optional[int]:
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None)
     if meta is None:
+        _without_program("AOTAutograd compiled a forward graph with no forward metadata in reach")
         return None
     for name in ("num_forward_returns", "num_mutated_inp_runtime_indices", "tokens"):
         if not hasattr(meta, name):
             raise RuntimeError(f"prefire.compile: AOTAutograd's forward metadata has no {name} in torch "
                                f"{torch.__version__} (Note [A compiled block's recomputation program])")
     if meta.num_mutated_inp_runtime_indices or meta.tokens:
+        _without_program("a forward graph mutates an input outside the graph or has effect tokens")
         return None
     outputs = gm.graph.find_nodes(op="output")[0].args[0]
     returns = meta.num_forward_returns
@@ -137,8 +149,10 @@ def _returns(gm: torch.fx.GraphModule) -> Optional[int]:
     for node in gm.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or any(not isinstance(s, int) for s in (*val.shape, *val.stride())):
+            _without_program("a forward graph has symbolic shapes")
             return None
     if _random(gm):
+        _without_program("a forward graph draws random numbers (dropout)")
         return None
     return returns
 
@@ -176,6 +190,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     output = program_gm.graph.find_nodes(op="output")[0]
     saved = output.args[0]
     if len(strides) != len(saved) or any(s is None for s in strides):
+        _without_program("inductor reported no strides for a forward graph's saved tensors")
         return forward
     output.meta["original_output_strides"] = [tuple(int(x) for x in s) for s in strides]
     output.meta["user_visible_output_idxs"] = list(range(len(saved)))
@@ -246,10 +261,15 @@ def forward_of(function_outputs: Callable[[], List[torch.Tensor]]) -> Iterator[L
     calls: List[Tuple[_Forward, set]] = []
     with set_in_block(_state, "calls", calls):
         yield chosen
-    if len(calls) == 1:
+    if len(calls) > 1:
+        _without_program("a checkpointed function ran more than one compiled graph (a graph break)")
+    elif len(calls) == 1:
         graph, returned = calls[0]
         if all(_returned_as_is(t, returned) for t in function_outputs()):
             chosen[0] = graph
+        else:
+            _without_program("a checkpointed function returned other than its compiled graph's outputs as the graph "
+                             "gave them (eager code on them, or an in-place op)")
 
 
 def _returned_as_is(t: torch.Tensor, returned: set) -> bool:

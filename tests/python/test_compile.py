@@ -66,7 +66,9 @@ def test_a_checkpoint_whose_function_reads_the_compiled_blocks_output_recomputes
     compiled = prefire.compile(blocks[0])
     expected = gradients(blocks, [lambda h: torch.compile(blocks[0])(h).tanh()], x)
     runs = _compile.program_runs
-    got = gradients(blocks, [lambda h: prefire.checkpoint(lambda z: compiled(z).tanh(), h)], x)
+    _compile._warned.clear()
+    with pytest.warns(UserWarning, match="returned other than its compiled graph's outputs"):
+        got = gradients(blocks, [lambda h: prefire.checkpoint(lambda z: compiled(z).tanh(), h)], x)
     assert _compile.program_runs == runs
     assert_equal(got, expected)
 
@@ -82,7 +84,8 @@ def test_a_checkpoint_whose_function_reads_the_compiled_blocks_output_recomputes
         torch._dynamo.graph_break()
         return z.sigmoid() @ blocks[0].fc1.weight.t()
 
-    got = gradients(blocks, [lambda h: prefire.checkpoint(prefire.compile(broken), h)], x)
+    with pytest.warns(UserWarning, match="ran more than one compiled graph"):
+        got = gradients(blocks, [lambda h: prefire.checkpoint(prefire.compile(broken), h)], x)
     assert _compile.program_runs == runs
     assert_equal(got, gradients(blocks, [torch.compile(broken)], x))
 
@@ -92,7 +95,10 @@ def test_a_block_that_draws_random_numbers_recomputes_all_of_its_compiled_forwar
     expected = gradients(blocks, [torch.compile(blocks[0])], x)
     runs = _compile.program_runs
     # a program would draw its dropout masks differently: forward's masks come back from the whole forward
-    assert_equal(gradients(blocks, [prefire.checkpoint_wrapper(prefire.compile(blocks[0]))], x), expected)
+    _compile._warned.clear()
+    with pytest.warns(UserWarning, match="draws random numbers"):
+        got = gradients(blocks, [prefire.checkpoint_wrapper(prefire.compile(blocks[0]))], x)
+    assert_equal(got, expected)
     assert _compile.program_runs == runs
 
 
