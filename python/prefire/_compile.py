@@ -10,6 +10,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 
 import torch
 
+from . import _C
 from ._thread_state import set_in_block
 
 # Note [A compiled block's recomputation program]
@@ -236,8 +237,7 @@ class _Forward:
             expect = layouts[self.returns + i]
             got = (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else None
             if got != expect:
-                from ._checkpoint import CheckpointError
-                raise CheckpointError(f"prefire.compile: the recomputation program's saved tensor {i} is {got}, the "
+                raise _C.CheckpointError(f"prefire.compile: the recomputation program's saved tensor {i} is {got}, the "
                                       f"compiled forward's was {expect} (Note [A compiled block's recomputation "
                                       "program])")
         global program_runs
