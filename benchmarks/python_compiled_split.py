@@ -156,7 +156,7 @@ def main() -> None:
     print(f"{args.blocks} GPT blocks, dim {args.dim}, batch {args.batch} x seq {args.seq}, dropout {args.dropout}, "
           f"CPU, 1 thread, inductor; B and W by torch's stage_backward_input / stage_backward_weight; "
           f"{args.rounds} rounds")
-    print(f"{'variant':42s} {'step ms':>8s} {'/ base':>7s} {'peak MiB':>9s} {'/ base':>7s} {'held after B':>13s}"
+    print(f"{'variant':54s} {'step ms':>8s} {'/ base':>7s} {'peak MiB':>9s} {'/ base':>7s} {'held after B':>13s}"
           f" {'recomputes/block':>17s} {'compiled bw/block':>18s} {'grads vs base':>14s}")
     ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     for name in stages:
@@ -168,7 +168,7 @@ def main() -> None:
         else:
             versus = "-"
         base_ms, base_peak = ms.get(BASE, float("nan")), peaks.get(BASE, 0) or float("nan")
-        print(f"{name:42s} {ms[name]:8.1f} {ms[name] / base_ms:7.3f} {peaks[name] / 2**20:9.2f}"
+        print(f"{name:54s} {ms[name]:8.1f} {ms[name] / base_ms:7.3f} {peaks[name] / 2**20:9.2f}"
               f" {peaks[name] / base_peak:7.3f} {c['held_after_b'] / 2**20:9.2f} MiB {_count(recomputes):>17s}"
               f" {_count(c['compiled_backwards']):>18s} {versus:>14s}")
     print("recomputes/block: prefire's recomputations (sessions) or the eager block's forwards beyond the first "

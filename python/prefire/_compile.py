@@ -97,7 +97,7 @@ def _check_torch() -> None:
         if not hasattr(guards, name):
             missing.append(f"torch._guards.TracingContext.{name}")
     from torch._functorch import config as functorch_config
-    for name in ("enable_autograd_cache", "bundled_autograd_cache"):
+    for name in ("enable_autograd_cache", "bundled_autograd_cache", "activation_memory_budget"):
         if not hasattr(functorch_config, name):
             missing.append(f"torch._functorch.config.{name}")
     if missing:
@@ -285,7 +285,8 @@ def recomputing(graph: Optional[_Forward]) -> ContextManager[None]:
 
 
 def compile(model: Callable[..., Any], *, fullgraph: bool = False, dynamic: Optional[bool] = None,
-            mode: Optional[str] = None, options: Optional[Dict[str, Any]] = None) -> Any:
+            mode: Optional[str] = None, options: Optional[Dict[str, Any]] = None,
+            activation_memory_budget: Optional[float] = None) -> Any:
     """``torch.compile(model)`` with inductor, for a block that
     :func:`prefire.checkpoint` (or :func:`prefire.checkpoint_wrapper`)
     checkpoints around it: forward and backward are torch.compile's, and the
@@ -294,9 +295,17 @@ def compile(model: Callable[..., Any], *, fullgraph: bool = False, dynamic: Opti
     Note [A compiled block's recomputation program] in prefire/_compile.py.
 
     Args: those of ``torch.compile``; ``mode`` may not use CUDA graphs
-    (``"reduce-overhead"``, ``"max-autotune"``).
+    (``"reduce-overhead"``, ``"max-autotune"``). ``activation_memory_budget``
+    (0 to 1, default torch's 1): the partitioner's
+    ``torch._functorch.config.activation_memory_budget`` for these graphs:
+    below 1 the compiled forward saves less and the compiled backward
+    recomputes the rest inside itself, so prefire's recomputation program
+    makes, and its backward holds, less.
     """
     _check_torch()
+    if activation_memory_budget is not None and not 0 <= activation_memory_budget <= 1:
+        raise ValueError(f"prefire.compile: activation_memory_budget must be in [0, 1], got "
+                         f"{activation_memory_budget!r}")
     from torch._inductor import list_mode_options
     global _programs_exist
     _programs_exist = True
@@ -306,26 +315,29 @@ def compile(model: Callable[..., Any], *, fullgraph: bool = False, dynamic: Opti
         raise ValueError(f"prefire.compile: mode={mode!r} / options use CUDA graphs, which prefire's recomputation "
                          "cannot replay; use mode='max-autotune-no-cudagraphs' or the default mode")
 
-    return torch.compile(model, backend=_Backend(config), fullgraph=fullgraph, dynamic=dynamic)
+    return torch.compile(model, backend=_Backend(config, activation_memory_budget), fullgraph=fullgraph,
+                         dynamic=dynamic)
 
 
 class _Backend:
     """Inductor with recomputation programs, under inductor's config patches
-    ``config``. Equal backends compare equal, as torch.compile's own do:
-    dynamo keeps one cache entry of a code object (a block class's forward,
-    shared by every block) per backend, so blocks compiled alike share one."""
+    ``config`` and the partitioner's ``budget``. Equal backends compare
+    equal, as torch.compile's own do: dynamo keeps one cache entry of a code
+    object (a block class's forward, shared by every block) per backend, so
+    blocks compiled alike share one."""
 
-    def __init__(self, config: Dict[str, Any]) -> None:
-        self.config = config
+    def __init__(self, config: Dict[str, Any], budget: Optional[float]) -> None:
+        self.config, self.budget = config, budget
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Backend) and self.config == other.config
+        return isinstance(other, _Backend) and (self.config, self.budget) == (other.config, other.budget)
 
     def __hash__(self) -> int:
-        return hash(repr(sorted(self.config.items())))
+        return hash((repr(sorted(self.config.items())), self.budget))
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         from torch._functorch import config as functorch_config
         from torch._inductor.compile_fx import compile_fx
-        with functorch_config.patch(enable_autograd_cache=False, bundled_autograd_cache=False):
+        budget = {} if self.budget is None else {"activation_memory_budget": self.budget}
+        with functorch_config.patch(enable_autograd_cache=False, bundled_autograd_cache=False, **budget):
             return compile_fx(gm, example_inputs, inner_compile=_inner_compile, config_patches=self.config or None)

@@ -120,6 +120,32 @@ def test_a_block_that_updates_buffers_updates_them_in_its_program_as_in_the_whol
     assert program[1].num_batches_tracked == 2
 
 
+def saved_bytes(layer, x):
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    return sum(storages.values())
+
+
+def test_an_activation_memory_budget_makes_the_compiled_forward_and_its_program_save_less():
+    blocks, x = blocks_and_input(n=1)
+    with torch._functorch.config.patch(activation_memory_budget=0.1):
+        expected = gradients(blocks, [torch.compile(blocks[0])], x)
+    layer = prefire.checkpoint_wrapper(prefire.compile(blocks[0], activation_memory_budget=0.1))
+    runs = _compile.program_runs
+    assert_equal(gradients(blocks, [layer], x), expected)
+    assert _compile.program_runs - runs == 1
+    assert saved_bytes(prefire.compile(blocks[0], activation_memory_budget=0.1), x) < saved_bytes(
+        prefire.compile(blocks[0]), x)
+    with pytest.raises(ValueError, match="activation_memory_budget must be in"):
+        prefire.compile(blocks[0], activation_memory_budget=2)
+
+
 def test_a_program_whose_tensors_differ_from_the_compiled_forwards_raises():
     blocks, x = blocks_and_input(n=1)
     layer = prefire.checkpoint_wrapper(prefire.compile(blocks[0]))
