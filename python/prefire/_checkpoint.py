@@ -7,7 +7,6 @@ import contextlib
 import copy
 import sys
 import threading
-import warnings
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
@@ -20,6 +19,7 @@ from torch.utils._device import DeviceContext
 from . import _C, _compile, _fsdp
 from ._options import check_options, check_values
 from ._thread_state import set_in_block
+from ._warn_once import warn_once as _warn_once
 
 #: Raised for checkpoint misuse; a torch.utils.checkpoint.CheckpointError.
 CheckpointError = _C.CheckpointError
@@ -56,8 +56,6 @@ CheckpointError = _C.CheckpointError
 # computes in B] in pipelining/_weight_grads_in_b.py), so a block compiled
 # around torch's checkpoint (this order, torchtitan's) recomputes once per
 # micro-batch there, inside B's compiled backward.
-
-_warned = set()
 
 # Note [Planned checkpoints]
 # A planner that decides per block whether to keep its activations (the
@@ -111,12 +109,6 @@ def compiled(function: Any) -> bool:
         return function.__dict__["_prefire_compiled"] is not None
     return (isinstance(function, eval_frame.OptimizedModule) or hasattr(function, "_torchdynamo_orig_callable")
             or getattr(function, "_compiled_call_impl", None) is not None)
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 @torch.compiler.assume_constant_result
@@ -419,6 +411,8 @@ class _FunctionCall:
         if self.types is not None:
             tensors = [_as_forward_type(t, cls) for t, cls in zip(tensors, self.types)]
         if "done" not in self.forward:
+            if not _compile.in_use():
+                return self._call(tensors)
             with _compile.forward_of(self._forward_tensors) as graph:
                 out = self._call(tensors)
             self.forward["graph"] = graph[0]
@@ -429,10 +423,11 @@ class _FunctionCall:
         # program] in _compile.py).
         if "fsdp" not in self.forward:
             self.forward["fsdp"] = _fsdp.states_of(self.function)
-        if self.device is None and not self.forward["fsdp"] and self.forward["graph"] is None:
+        graph = self.forward.get("graph")
+        if self.device is None and not self.forward["fsdp"] and graph is None:
             return self._call(tensors)
         with contextlib.ExitStack() as contexts:
-            contexts.enter_context(_compile.recomputing(self.forward["graph"]))
+            contexts.enter_context(_compile.recomputing(graph))
             if self.device is not None:
                 contexts.enter_context(DeviceContext(self.device))
             if self.forward["fsdp"]:

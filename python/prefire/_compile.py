@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _C
 from ._thread_state import set_in_block
+from ._warn_once import warn_once
 
 # Note [A compiled block's recomputation program]
 # prefire.checkpoint(torch.compile(block), x) drops what the compiled forward
@@ -70,16 +70,19 @@ from ._thread_state import set_in_block
 # for these graphs: a cached forward would come back without its program).
 
 _state = threading.local()
-_programs_exist = False  # no prefire.compile call yet: checkpoints skip all of this
+_in_use = False  # no prefire.compile call yet: checkpoints skip all of this
 program_runs = 0  # recomputations a program ran (tests and benchmarks read it)
-_warned: set = set()  # why a graph or a checkpoint went without a program, said once each
+
+
+def in_use() -> bool:
+    """Whether prefire.compile was called in this process (before, no
+    checkpoint's forward looks for a compiled graph)."""
+    return _in_use
 
 
 def _without_program(why: str) -> None:
-    if why not in _warned:
-        _warned.add(why)
-        warnings.warn(f"prefire.compile: {why}, so a prefire recomputation of it runs the whole compiled forward "
-                      "(Note [A compiled block's recomputation program])", UserWarning, stacklevel=3)
+    warn_once(why, f"prefire.compile: {why}, so a prefire recomputation of it runs the whole compiled forward "
+                   "(Note [A compiled block's recomputation program])")
 
 
 def _check_torch() -> None:
@@ -255,9 +258,6 @@ def forward_of(function_outputs: Callable[[], List[torch.Tensor]]) -> Iterator[L
     after the block, the compiled graph whose program may recompute the
     checkpoint (None: the whole function runs again)."""
     chosen: List[Optional[_Forward]] = [None]
-    if not _programs_exist:
-        yield chosen
-        return
     calls: List[Tuple[_Forward, set]] = []
     with set_in_block(_state, "calls", calls):
         yield chosen
@@ -307,8 +307,8 @@ def compile(model: Callable[..., Any], *, fullgraph: bool = False, dynamic: Opti
         raise ValueError(f"prefire.compile: activation_memory_budget must be in [0, 1], got "
                          f"{activation_memory_budget!r}")
     from torch._inductor import list_mode_options
-    global _programs_exist
-    _programs_exist = True
+    global _in_use
+    _in_use = True
     config = dict(list_mode_options(mode, dynamic)) if mode is not None else {}
     config.update(options or {})
     if config.get("triton.cudagraphs"):

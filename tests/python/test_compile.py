@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import prefire
-from prefire import _compile
+from prefire import _compile, _warn_once
 from test_checkpoint import Block
 
 
@@ -66,7 +66,7 @@ def test_a_checkpoint_whose_function_reads_the_compiled_blocks_output_recomputes
     compiled = prefire.compile(blocks[0])
     expected = gradients(blocks, [lambda h: torch.compile(blocks[0])(h).tanh()], x)
     runs = _compile.program_runs
-    _compile._warned.clear()
+    _warn_once.warned.clear()
     with pytest.warns(UserWarning, match="returned other than its compiled graph's outputs"):
         got = gradients(blocks, [lambda h: prefire.checkpoint(lambda z: compiled(z).tanh(), h)], x)
     assert _compile.program_runs == runs
@@ -95,7 +95,7 @@ def test_a_block_that_draws_random_numbers_recomputes_all_of_its_compiled_forwar
     expected = gradients(blocks, [torch.compile(blocks[0])], x)
     runs = _compile.program_runs
     # a program would draw its dropout masks differently: forward's masks come back from the whole forward
-    _compile._warned.clear()
+    _warn_once.warned.clear()
     with pytest.warns(UserWarning, match="draws random numbers"):
         got = gradients(blocks, [prefire.checkpoint_wrapper(prefire.compile(blocks[0]))], x)
     assert_equal(got, expected)

@@ -276,7 +276,7 @@ def test_compile_with_aot_eager_equals_unchecked(how):
     assert len(said) <= 1
     if how in ("prefire's wrapper compiled", "model with prefire inside compiled"):
         # once per process: another test may have said it already
-        assert said or "compile" in prefire._checkpoint._warned
+        assert said or "compile" in prefire._warn_once.warned
 
 
 def test_compile_with_inductor_close_to_torchs_checkpoint():
@@ -411,7 +411,7 @@ def test_selective_checkpointings_cache_is_counted_in_the_meter_while_the_checkp
 
 
 def test_use_reentrant_true_warns_once_and_runs_prefires_checkpoint():
-    prefire._checkpoint._warned.discard("reentrant")
+    prefire._warn_once.warned.discard("reentrant")
     x = torch.randn(4, requires_grad=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

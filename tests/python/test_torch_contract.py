@@ -93,7 +93,7 @@ def test_checkpointing_without_reentrant_with_context_fn():
     assert mode.operators == ["exp.default", "detach.default"]  # the detach is autograd's, saving exp's output
     # Difference: use_reentrant=True runs prefire's non-reentrant checkpoint
     # (a warning says so), so context_fn works there too instead of raising.
-    with pytest.warns(UserWarning, match="use_reentrant=True") if "reentrant" not in prefire._checkpoint._warned \
+    with pytest.warns(UserWarning, match="use_reentrant=True") if "reentrant" not in prefire._warn_once.warned \
             else contextlib.nullcontext():
         checkpoint(lambda a: a.sin(), x, use_reentrant=True, context_fn=lambda: (mode, contextlib.nullcontext()))
 
