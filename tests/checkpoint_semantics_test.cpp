@@ -411,18 +411,6 @@ TEST(CheckpointSemantics, InputModifiedInPlaceAfterForwardRaises) {
   EXPECT_THAT(message, HasSubstr("input 0 of a checkpoint was modified in place"));
 }
 
-struct ReadsSavedTwice : torch::autograd::Function<ReadsSavedTwice> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x) {
-    ctx->save_for_backward({x});
-    return x.exp();
-  }
-  static TensorList backward(torch::autograd::AutogradContext* ctx, TensorList g) {
-    auto first = ctx->get_saved_variables()[0];
-    auto second = ctx->get_saved_variables()[0];
-    return {g[0] * first.exp() + 0 * second};
-  }
-};
-
 TEST(CheckpointSemantics, SlotUnpackedTwiceInOneBackwardRaises) {
   auto x = input();
   auto y = checkpoint([](const TensorList& in) { return TensorList{ReadsSavedTwice::apply(in[0].sin())}; }, {x})[0];

@@ -476,6 +476,104 @@ TEST(Schedule, KeepOnlyAndPassReadsMisuse) {
   clear_session(42);
 }
 
+// ---- a pass that lets go of what the next pass will not read
+// (Note [A pass lets go of what the next pass will not read]) ----
+
+// What the W of the last block reads of a fresh session of `stage` (seed `seed`, session `id`).
+SavedTensorMask w_last_block_reads(const Stage& stage, SessionId id, uint64_t seed) {
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, seed, &handles);
+  for (const auto& h : handles) attach(h, id);
+  b_then_w(stage, mb, id, nullptr);
+  SavedTensorMask reads = pass_reads(id);
+  clear_session(id);
+  return reads;
+}
+
+TEST(Schedule, ABThatKnowsWhatWReadsLetsGoOfTheRestAsItUnpacksAndWRecomputesNothing) {
+  Stage stage(3, 0.0);
+  at::manual_seed(43);
+  auto ref_mb = make_micro_batch(43);
+  ref_mb.y = stage.forward(ref_mb.x, false);
+  const TensorList ref_dx = b_pass(ref_mb);
+  const TensorList ref_dw = w_last_block(ref_mb, stage);
+  const SavedTensorMask reads = w_last_block_reads(stage, 43, 43);
+
+  // The same B keeping everything, then trimmed after it ends.
+  std::vector<CheckpointHandle> handles;
+  auto whole = forward_collect(stage, 43, &handles);
+  for (const auto& h : handles) attach(h, 43);
+  { SessionScope b(43, {true}); b_pass(whole); }
+  const int64_t whole_peak = session_stats(43).peak_bytes;
+  ASSERT_TRUE(keep_only(43, reads));
+  const int64_t kept = session_stats(43).current_bytes;
+  clear_session(43);
+
+  auto mb = forward_collect(stage, 43, &handles);
+  for (const auto& h : handles) attach(h, 43);
+  TensorList dx;
+  {
+    SessionScope b(43, {/*retain_on_unpack=*/true, /*next_pass_reads=*/reads});
+    EXPECT_TRUE(b.lets_go());
+    dx = b_pass(mb);
+  }
+  const SessionStats after_b = session_stats(43);
+  EXPECT_EQ(after_b.current_bytes, kept) << "B ends holding what keep_only after it would leave";
+  EXPECT_LT(after_b.peak_bytes, whole_peak) << "B held every block's recomputation until it ended";
+  EXPECT_EQ(after_b.trim_misses, 0);
+  EXPECT_EQ(after_b.lazy_recomputes, 3);
+  const int64_t before = recomputations();
+  TensorList dw;
+  { SessionScope w(43, {false}); dw = w_last_block(mb, stage); }
+  expect_all_equal(dx, ref_dx);
+  expect_all_equal(dw, ref_dw);
+  EXPECT_EQ(recomputations() - before, 0) << "W found what it reads";
+  EXPECT_EQ(session_stats(43).trim_misses, 0);
+  clear_session(43);
+}
+
+TEST(Schedule, ABThatUnpacksATensorItLetGoOfRecomputesItForItselfAndCountsAMiss) {
+  CheckpointFn fn = [](const TensorList& in) { return TensorList{ReadsSavedTwice::apply(in[0].sin())}; };
+  auto x = at::randn({4, kDim}).requires_grad_(true);
+  const TensorList ref = grads(ReadsSavedTwice::apply(x.sin()), {x});
+  HandleCollector collect;
+  auto y = checkpoint(fn, {x})[0];
+  attach(collect.handles()[0], 44);
+  // W reads nothing: B lets go of both saved tensors (sin's input, exp's input) at their first unpack.
+  const SavedTensorMask none{std::vector<bool>(2, false)};
+  const int64_t before = recomputations();
+  TensorList dx;
+  {
+    SessionScope b(44, {true, none});
+    ASSERT_TRUE(b.lets_go());
+    dx = grads(y, {x}, /*retain_graph=*/true);
+  }
+  expect_all_equal(dx, ref);
+  EXPECT_EQ(session_stats(44).trim_misses, 1) << "exp's second unpack";
+  EXPECT_EQ(recomputations() - before, 2) << "the session's, and the miss's for B's graph task";
+  EXPECT_EQ(session_stats(44).current_bytes, 0);
+  clear_session(44);
+}
+
+TEST(Schedule, AMaskThatDoesNotFitLetsNothingGoAndOneForALastPassIsRefused) {
+  Stage stage(2, 0.0);
+  const SavedTensorMask reads = w_last_block_reads(stage, 45, 45);
+  std::vector<CheckpointHandle> handles;
+  auto mb = forward_collect(stage, 45, &handles);
+  for (const auto& h : handles) attach(h, 45);
+  {
+    SessionScope b(45, {true, SavedTensorMask(reads.begin(), reads.end() - 1)});
+    EXPECT_FALSE(b.lets_go()) << "a mask for one checkpoint of two";
+    b_pass(mb);
+  }
+  const SessionStats whole = session_stats(45);
+  EXPECT_EQ(whole.current_bytes, whole.peak_bytes) << "B let go of something";
+  EXPECT_THAT(message_of<std::invalid_argument>([&] { SessionScope w(45, {false, reads}); }),
+              HasSubstr("retain_on_unpack"));
+  { SessionScope w(45, {false}); w_last_block(mb, stage); }
+  clear_session(45);
+}
+
 // ---- prefire -----------------------------------------------------------------------
 
 TEST(Schedule, PrefireIsNoOpWhenAlreadyResident) {

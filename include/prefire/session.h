@@ -22,11 +22,28 @@ namespace prefire {
 /// micro-batch (its index is a natural choice). Negative ids are invalid.
 using SessionId = int64_t;
 
+/// Per checkpoint registered to a session, in the order they were registered
+/// (each checkpoint followed by its nested ones, parents first): a flag per
+/// tensor autograd saved in its forward, by slot.
+using SavedTensorMask = std::vector<std::vector<bool>>;
+
 struct SessionOptions {
   /// false: a recomputed tensor is released on its first unpack (the last
   /// pass that needs the session). true: kept until clear_session(), so a
   /// later pass (the dw pass after the dx pass) finds it.
   bool retain_on_unpack = false;
+  /// With retain_on_unpack: what the next pass will read, as keep_only()
+  /// takes it. A saved tensor it leaves out is let go at its unpack in this
+  /// pass instead of being kept (a second unpack of it recomputes it for that
+  /// backward alone, a trim miss), and what the session still holds of those
+  /// when the scope closes goes then: the session ends the pass holding what
+  /// keep_only(mask) after it would leave, without holding the rest through
+  /// the pass. Empty: keep everything. A mask that does not fit the
+  /// checkpoints registered when the scope opens lets nothing go
+  /// (SessionScope::lets_go() is false); a mask with retain_on_unpack=false
+  /// raises std::invalid_argument. See Note [A pass lets go of what the
+  /// next pass will not read] in session/keep_only.cpp.
+  SavedTensorMask next_pass_reads;
 };
 
 namespace detail {
@@ -53,9 +70,13 @@ class SessionScope {
   SessionScope& operator=(const SessionScope&) = delete;
 
   SessionId id() const;
+  /// Whether the scope lets go of what SessionOptions::next_pass_reads leaves
+  /// out (false: no mask, or one that does not fit the session).
+  bool lets_go() const { return lets_go_; }
 
  private:
   std::shared_ptr<detail::Session> session_;
+  bool lets_go_ = false;
 };
 
 /// Drops every recomputed tensor session `id` holds and unregisters its
@@ -114,11 +135,6 @@ struct SessionStats {
 /// after it last ended (see clear_session). Any thread; never waits for a
 /// recomputation.
 SessionStats session_stats(SessionId id);
-
-/// Per checkpoint registered to a session, in the order they were registered
-/// (each checkpoint followed by its nested ones, parents first): a flag per
-/// tensor autograd saved in its forward, by slot.
-using SavedTensorMask = std::vector<std::vector<bool>>;
 
 /// Which saved tensors the latest pass of session `id` (its latest
 /// SessionScope, open or closed) unpacked. Empty when there is no session `id`.

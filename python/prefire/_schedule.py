@@ -68,18 +68,36 @@ class session:
     [A session shares what is registered to it], src/session/session.h).
     With ``retain_on_unpack=True`` a recomputed tensor stays for a later pass
     (B before W); the last pass uses ``False``. Close the scope on the thread
-    that opened it."""
+    that opened it.
 
-    def __init__(self, id: int, retain_on_unpack: bool = False) -> None:
+    ``next_pass_reads`` (with ``retain_on_unpack=True``): what the next pass
+    will read, a flag per saved tensor of each registered checkpoint in
+    registration order (:mod:`prefire.pipelining` passes what an earlier W of
+    the stage read); a saved tensor it leaves out goes at its unpack in this
+    pass, not when the session is cleared (Note [A pass lets go of what the
+    next pass will not read], src/session/keep_only.cpp). ``lets_go`` says
+    whether the mask fit the session when the scope opened."""
+
+    def __init__(self, id: int, retain_on_unpack: bool = False,
+                 next_pass_reads: Optional[List[List[bool]]] = None) -> None:
         self._id = _session_id(id, "session")
         if not isinstance(retain_on_unpack, bool):
             raise TypeError(f"prefire.session: retain_on_unpack must be a bool, got {type(retain_on_unpack).__name__}")
+        if next_pass_reads is not None and not retain_on_unpack:
+            raise ValueError("prefire.session: next_pass_reads is for a pass that keeps what it recomputed "
+                             "(retain_on_unpack=True); the last pass lets go of everything anyway")
         self._scope = _C._SessionScope()
         self._retain = retain_on_unpack
+        self._next_pass_reads = [] if next_pass_reads is None else next_pass_reads
 
     def __enter__(self) -> "session":
-        self._scope.open(self._id, self._retain)
+        self._scope.open(self._id, self._retain, self._next_pass_reads)
         return self
+
+    @property
+    def lets_go(self) -> bool:
+        """Whether this open scope lets go of what ``next_pass_reads`` leaves out."""
+        return self._scope.lets_go
 
     def __exit__(self, *exc) -> None:
         self._scope.close()

@@ -404,9 +404,10 @@ void bind_scopes(py::module_& m) {
 
   py::class_<PyScope<SessionScope>>(m, "_SessionScope")
       .def(py::init<>())
-      .def("open", [](PyScope<SessionScope>& s, SessionId id, bool retain) {
-        s.scope.emplace(id, SessionOptions{retain});
+      .def("open", [](PyScope<SessionScope>& s, SessionId id, bool retain, SavedTensorMask next_pass_reads) {
+        s.scope.emplace(id, SessionOptions{retain, std::move(next_pass_reads)});
       })
+      .def_property_readonly("lets_go", [](const PyScope<SessionScope>& s) { return s.scope && s.scope->lets_go(); })
       // Closing may warn (Note [A session shares what is registered to it]).
       .def("close", [](PyScope<SessionScope>& s) { warning_as_python([&] { s.scope.reset(); }); });
 

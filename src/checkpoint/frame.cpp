@@ -234,7 +234,7 @@ void Frame::release(size_t slot) noexcept {
 at::Tensor Frame::unpack(size_t slot) {
   if (!forward_done_.load(std::memory_order_acquire)) return unpack_in_forward(slot);
   // See Note [Recomputation keys].
-  if (std::optional<Serving> s = session_for_unpack()) {
+  if (std::optional<Serving> s = session_for_unpack(slot)) {
     SessionCore& session = *s->registration->session;
     Recomputation& r = s->registration->recomputation;
     // See Note [A session keeps what the next pass reads] in session/keep_only.cpp.
@@ -257,7 +257,7 @@ at::Tensor Frame::unpack(size_t slot) {
     } else if (!s->for_nested_prefire) {
       session.hits.fetch_add(1, std::memory_order_relaxed);
     }
-    return take(r, slot, s->retain, session.id, /*in_group=*/false, /*hand_over=*/!s->for_nested_prefire);
+    return take(r, slot, s->retain, session.id, /*in_group=*/false, /*hand_over=*/!s->for_nested_prefire, s->let_go);
   }
   if (const c10::SafePyObject* group = current_graph_exec_group()) {
     std::shared_ptr<Recomputation> r = recomputation_for(*group);
@@ -306,18 +306,20 @@ at::Tensor Frame::unpack_in_forward(size_t slot) {
   return unpack_by_graph_task(slot, extent);
 }
 
-std::optional<Frame::Serving> Frame::session_for_unpack() const {
+std::optional<Frame::Serving> Frame::session_for_unpack(size_t slot) const {
   if (bound_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (bound_.load(std::memory_order_relaxed) && registered_) {
-      return Serving{registered_, registered_->session->retain_on_unpack.load(std::memory_order_acquire)};
+      const bool retain = registered_->session->retain_on_unpack.load(std::memory_order_acquire);
+      const std::vector<bool>& keep = registered_->keep_past_unpack;
+      return Serving{registered_, retain, /*let_go=*/retain && slot < keep.size() && !keep[slot]};
     }
   }
   if (const SessionCore* prefiring = this_thread().prefiring) {
     // See Note [A nested prefire takes its inputs on the prefire stream].
     std::lock_guard<std::mutex> lock(mu_);
     if (registered_ && registered_->session.get() == prefiring) {
-      return Serving{registered_, /*retain=*/true, /*for_nested_prefire=*/true};
+      return Serving{registered_, /*retain=*/true, /*let_go=*/false, /*for_nested_prefire=*/true};
     }
   }
   return std::nullopt;
@@ -376,10 +378,14 @@ void Frame::drop_graph_task(int64_t graph_task) noexcept {
 // nested recomputation runs on the same prefire stream, after its parent's
 // kernels, so it needs no event.
 at::Tensor Frame::take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session, bool in_group,
-                       bool hand_over) {
+                       bool hand_over, bool let_go) {
   TORCH_INTERNAL_ASSERT(slot < r.num_slots(), "slot ", slot, " out of range ", r.num_slots());
   // A session's last pass lets go when it ends; see Note [The last pass lets go when it ends] in session/session.h.
-  std::optional<at::Tensor> t = session && !retain ? r.take_for_pass(slot) : r.take(slot, retain);
+  // A retaining pass lets go at the unpack of what the next pass will not read; see
+  // Note [A pass lets go of what the next pass will not read] in session/keep_only.cpp.
+  std::optional<at::Tensor> t = let_go                ? r.take_and_trim(slot)
+                                : session && !retain ? r.take_for_pass(slot)
+                                                     : r.take(slot, retain);
   if (!t) {
     if (session) {
       throw CheckpointError(c10::str(
@@ -432,6 +438,23 @@ void Frame::unregister(const SessionCore& session) noexcept {
 
 void Frame::end_pass(const SessionCore& session) noexcept {
   if (std::shared_ptr<Registration> registration = registration_in(session)) registration->recomputation.end_pass();
+}
+
+void Frame::keep_past_unpack(const SessionCore& session, std::vector<bool> keep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (registered_ && registered_->session.get() == &session) registered_->keep_past_unpack = std::move(keep);
+}
+
+void Frame::end_keeping_pass(const SessionCore& session) noexcept {
+  std::vector<bool> keep;
+  std::shared_ptr<Registration> registration;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!registered_ || registered_->session.get() != &session) return;
+    keep.swap(registered_->keep_past_unpack);
+    registration = registered_;
+  }
+  if (!keep.empty()) registration->recomputation.keep_only(keep);
 }
 
 std::shared_ptr<Registration> Frame::registration_in(const SessionCore& session) const {

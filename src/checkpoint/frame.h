@@ -78,6 +78,12 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   /// A pass of `session` with retain_on_unpack=false ended: drops what it
   /// handed out (no-op when registered elsewhere or nowhere).
   void end_pass(const SessionCore& session) noexcept;
+  /// The retaining pass of `session` that opens now keeps only the slots
+  /// `keep` marks past their unpack; see Note [A pass lets go of what the
+  /// next pass will not read] in session/keep_only.cpp.
+  void keep_past_unpack(const SessionCore& session, std::vector<bool> keep);
+  /// That pass ended: drops what it kept of the slots `keep` left out.
+  void end_keeping_pass(const SessionCore& session) noexcept;
   /// Its registration to `session`, or nullptr when registered elsewhere or nowhere.
   std::shared_ptr<Registration> registration_in(const SessionCore& session) const;
   /// Recomputes into `registration` now, as a prefire, unless it is done;
@@ -97,10 +103,11 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   struct Serving {
     std::shared_ptr<Registration> registration;
     bool retain = false;
+    bool let_go = false;  // retain, but not this slot: the next pass will not read it
     bool for_nested_prefire = false;  // see Note [A nested prefire takes its inputs on the prefire stream]
   };
-  /// The session that serves an unpack on this thread, if any.
-  std::optional<Serving> session_for_unpack() const;
+  /// The session that serves an unpack of `slot` on this thread, if any.
+  std::optional<Serving> session_for_unpack(size_t slot) const;
   /// An unpack while forward still runs; see Note [Backward inside the checkpointed function].
   at::Tensor unpack_in_forward(size_t slot);
   at::Tensor unpack_by_graph_task(size_t slot, const Extent& extent);
@@ -110,8 +117,10 @@ class Frame final : public HookContext, public std::enable_shared_from_this<Fram
   std::shared_ptr<Recomputation> recomputation_for(const c10::SafePyObject& group);
   /// The graph task ended: drops its recomputation.
   void drop_graph_task(int64_t graph_task) noexcept;
+  /// `let_go`: a session's retaining pass hands `slot` out for the last
+  /// time (Recomputation::take_and_trim), whatever `retain` says.
   at::Tensor take(Recomputation& r, size_t slot, bool retain, std::optional<SessionId> session,
-                  bool in_group = false, bool hand_over = true);
+                  bool in_group = false, bool hand_over = true, bool let_go = false);
 
   const CheckpointFn fn_;
   const CheckpointOptions options_;

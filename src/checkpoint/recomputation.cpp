@@ -146,6 +146,16 @@ void Recomputation::end_pass() noexcept {
   }
 }
 
+std::optional<at::Tensor> Recomputation::take_and_trim(size_t slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (consumed_.at(slot)) return std::nullopt;
+  at::Tensor t = tensors_[slot];
+  drop_locked(slot);
+  trimmed_[slot] = 1;
+  any_trimmed_.store(true, std::memory_order_release);
+  return t;
+}
+
 void Recomputation::keep_only(const std::vector<bool>& keep) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   bool any = false;

@@ -86,6 +86,9 @@ class Recomputation {
   std::optional<at::Tensor> take_for_pass(size_t slot);
   /// Drops, for good, every slot take_for_pass() handed out.
   void end_pass() noexcept;
+  /// Hands out `slot` and drops it as keep_only() would: a later unpack is
+  /// a trim miss, not a second unpack. std::nullopt when it was consumed.
+  std::optional<at::Tensor> take_and_trim(size_t slot);
   /// Drops, for the rest of this computation, every slot `keep` (by slot)
   /// leaves out (Note [A session keeps what the next pass reads] in
   /// session/keep_only.cpp); a computation not run yet has nothing to drop.
@@ -112,7 +115,7 @@ class Recomputation {
   std::vector<uint8_t> consumed_;    // by slot
   std::vector<uint8_t> taken_;       // by slot: handed out by take_for_pass() since the last end_pass()
   std::vector<uint8_t> counted_;     // by slot
-  std::vector<uint8_t> trimmed_;     // by slot: dropped by keep_only()
+  std::vector<uint8_t> trimmed_;     // by slot: dropped by keep_only() or take_and_trim()
   std::atomic<bool> any_trimmed_{false};
   StorageCensus census_;             // the storages of counted slots
   const std::shared_ptr<ByteGauge> owner_;

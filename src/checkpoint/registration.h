@@ -86,6 +86,9 @@ struct Registration {
   const std::shared_ptr<SlotReads> reads;
   std::atomic<bool> prefired{false};  // prefire() ran `recomputation`
   std::atomic<bool> used{false};      // a pass of the session unpacked from it
+  /// Of the open scope, by slot: kept past its unpack (SessionOptions::next_pass_reads);
+  /// empty: every slot. Guarded by the frame's lock (Frame::keep_past_unpack).
+  std::vector<bool> keep_past_unpack;
 };
 
 }  // namespace prefire::detail

@@ -31,6 +31,29 @@
 // pass_reads() (the miss marks the slot read), so it can keep more next
 // time.
 
+// Note [A pass lets go of what the next pass will not read]
+// keep_only() after B leaves the session what W reads, but B holds all it
+// recomputed until it ends: each checkpoint's recomputation stays whole while
+// B runs the rest of the stage, where torch's checkpoint lets a tensor go
+// once the node that unpacked it ran. When the mask of what W reads is known
+// before B (the W of an earlier micro-batch), B's scope takes it
+// (SessionOptions::next_pass_reads) and an unpack in B of a tensor W will not
+// read hands it out for the last time: the session drops it at once
+// (Recomputation::take_and_trim, marking it trimmed as keep_only does), so it
+// lives only as long as the node that read it, and when the scope closes
+// keep_only(mask) drops whatever B did not unpack. A prefire checkpoint
+// around a compiled block whose weight gradients W takes from B (W reads
+// none of it) then holds each recomputation only while B runs its compiled
+// backward, as torch's compiled checkpoint does.
+// Released at the unpack, not when the node is done: B keeps its graph for W
+// (retain_graph=True), so autograd never releases the saved tensor and there
+// is no later point in the pass to let go at. The price is a second unpack
+// of the same tensor in B (a custom Function reading ctx.saved_tensors
+// twice): it is a trim miss, recomputed for that backward alone as a W's
+// unpack of a dropped tensor is, counted in SessionStats::trim_misses, so the
+// caller can stop giving B the mask. A nested prefire taking its inputs from
+// its parent is no consumer and lets nothing go.
+
 #include <prefire/errors.h>
 #include <prefire/session.h>
 
@@ -40,6 +63,18 @@
 #include <string>
 
 namespace prefire {
+
+namespace detail {
+
+bool fits(const std::vector<Session::Registered>& frames, const SavedTensorMask& mask) {
+  if (frames.size() != mask.size()) return false;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (frames[i].reads->size() != mask[i].size()) return false;
+  }
+  return true;
+}
+
+}  // namespace detail
 
 SavedTensorMask pass_reads(SessionId id) {
   detail::check_session_id(id, "pass_reads");
@@ -62,10 +97,7 @@ bool keep_only(SessionId id, const SavedTensorMask& keep) {
                           " has an open SessionScope; call it between passes");
   }
   const auto& registered = session->frames;
-  if (registered.size() != keep.size()) return false;
-  for (size_t i = 0; i < keep.size(); ++i) {
-    if (registered[i].reads->size() != keep[i].size()) return false;
-  }
+  if (!detail::fits(registered, keep)) return false;
   for (size_t i = 0; i < keep.size(); ++i) {
     if (auto frame = registered[i].frame.lock()) {
       if (auto registration = frame->registration_in(*session->core)) registration->recomputation.keep_only(keep[i]);

@@ -179,6 +179,10 @@ size_t session_registry_size() {
 SessionScope::SessionScope(SessionId id, SessionOptions options) {
   PREFIRE_NVTX_RANGE("prefire::SessionScope(open)", id);
   detail::check_session_id(id, "SessionScope");
+  if (!options.retain_on_unpack && !options.next_pass_reads.empty()) {
+    throw std::invalid_argument("prefire::SessionScope: next_pass_reads is for a pass with retain_on_unpack=true "
+                                "(a last pass lets go of everything it unpacks anyway)");
+  }
   if (const SessionScope* open = detail::this_thread().session_scope) {
     throw CheckpointError("prefire::SessionScope: nested session scopes: session " +
                           std::to_string(open->id()) + " is already open on this thread; close it "
@@ -195,8 +199,15 @@ SessionScope::SessionScope(SessionId id, SessionOptions options) {
   session->prune_locked();
   session->scope_had_checkpoints = !session->frames.empty();
   session->unshared_at_open = detail::unshared_recomputations();
-  for (const auto& registered : session->frames) {
-    if (auto frame = registered.frame.lock()) frame->bind(true);
+  // See Note [A pass lets go of what the next pass will not read] in session/keep_only.cpp.
+  lets_go_ = options.retain_on_unpack && !options.next_pass_reads.empty() &&
+             detail::fits(session->frames, options.next_pass_reads);
+  for (size_t i = 0; i < session->frames.size(); ++i) {
+    const auto& registered = session->frames[i];
+    if (auto frame = registered.frame.lock()) {
+      if (lets_go_) frame->keep_past_unpack(*session->core, std::move(options.next_pass_reads[i]));
+      frame->bind(true);
+    }
     registered.reads->clear();  // a pass begins
   }
   lock.unlock();
@@ -219,6 +230,7 @@ SessionScope::~SessionScope() {
       if (auto frame = registered.frame.lock()) {
         frame->bind(false);
         if (last_pass) frame->end_pass(*session_->core);
+        if (lets_go_) frame->end_keeping_pass(*session_->core);
       }
     }
     session_->scope_open = false;

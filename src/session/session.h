@@ -133,6 +133,10 @@ class Session {
   bool empty_locked();
 };
 
+/// Whether `mask` has a flag per saved tensor of each of `frames`, in order
+/// (keep_only()'s and SessionOptions::next_pass_reads's test).
+bool fits(const std::vector<Session::Registered>& frames, const SavedTensorMask& mask);
+
 /// std::invalid_argument unless `id` >= 0; `what` names the caller.
 void check_session_id(SessionId id, const char* what);
 /// The session `id`, created on first use, with its mutex held by `lock`.

@@ -87,6 +87,54 @@ def test_split_backward_torch_recomputes_twice_prefire_session_once():
     prefire.clear_session(1)
 
 
+def test_a_b_given_what_w_reads_lets_go_of_the_rest_as_it_unpacks_with_torchs_split():
+    # See Note [A pass lets go of what the next pass will not read]
+    blocks, x, gy = setup()
+    expected = split_step(blocks, lambda b, h: b(h), x, gy)
+
+    def attached(b, h):
+        with prefire.collect() as new:
+            y = prefire.checkpoint(b, h)
+        for handle in new:
+            prefire.attach(handle, 7)
+        return y
+
+    lets_go, held_after_b = [], []
+
+    class B(prefire.session):  # the B scope: whether it let go, read as it ends
+        def __exit__(self, *exc):
+            lets_go.append(self.lets_go)
+            return super().__exit__(*exc)
+
+    def b_scope(**kwargs):
+        return B(7, retain_on_unpack=True, **kwargs)
+
+    class W(prefire.session):  # the W scope: what B left in the session, read as W begins
+        def __enter__(self):
+            held_after_b.append(prefire.session_stats(7))
+            return super().__enter__()
+
+    split_step(blocks, attached, x, gy, b_scope(), W(7))
+    reads = prefire._C.pass_reads(7)  # what torch's W read: the weights' inputs, not what dx alone needs
+    assert len(reads) == 2 and all(0 < sum(r) < len(r) for r in reads)
+    prefire.clear_session(7)
+    runs(blocks)
+    got = split_step(blocks, attached, x, gy, b_scope(next_pass_reads=reads), W(7))
+    assert_bit_equal(got, expected)
+    assert runs(blocks) == [2, 2]  # forward and one recomputation shared by B and W
+    whole, trimmed = held_after_b
+    assert lets_go == [False, True]
+    assert 0 < trimmed.current_bytes < whole.current_bytes
+    assert trimmed.peak_bytes < whole.peak_bytes  # each block's recomputation left as B went, not at its end
+    assert prefire.session_stats(7).trim_misses == 0
+    prefire.clear_session(7)
+
+    with pytest.raises(ValueError, match="retain_on_unpack=True"):
+        prefire.session(7, next_pass_reads=reads)
+    with prefire.session(7, retain_on_unpack=True, next_pass_reads=[[True]]) as scope:
+        assert not scope.lets_go  # no checkpoint registered: the mask does not fit
+
+
 def test_prefire_before_backward_recomputes_once_ahead():
     blocks, x, gy = setup()
     expected = split_step(blocks, lambda b, h: b(h), x, gy)

@@ -9,8 +9,10 @@ micro-batches between B and W) and bubble prefires ahead of a B make them
 hold it.
 1. A pass that recomputes holds its micro-batch's recomputation of the
    stage while it runs. A stage's need is the most one of its sessions
-   held (learnt as they close); the floor is the most over the stages
-   (``floor_bytes``). Below the floor the rank keeps nothing for W and
+   held (learnt as they close; from the first session whose B let go of
+   what W does not read as it went, Note [What a session keeps for W] in
+   _sessions.py, counting only those and later ones); the floor is the most
+   over the stages (``floor_bytes``). Below the floor the rank keeps nothing for W and
    prefires nothing, and says so once.
 2. Both decisions below walk the rank's actions in the schedule's order,
    counted by the C++ planner (include/prefire/pipeline_plan.h): a B or full
@@ -83,6 +85,7 @@ class RankBudget:
         self._b_at: Dict[StageMicroBatch, int] = {}  # where each B (or full backward) is in the actions
         self._at: Optional[int] = None           # the rank's place in its actions this step (None: unknown)
         self._warned = False
+        self._let_go_stages: Set[int] = set()  # stages a session closed of whose B let go as it went
 
     @property
     def floor_bytes(self) -> int:
@@ -232,9 +235,16 @@ class RankBudget:
         _, actions, bytes_held, room = self._sessions(held, unseen_need)
         return _C.least_session_room(room, actions, bytes_held, begin if now is None else now, begin, end, keep)
 
-    def closed(self, stage: int, peak_bytes: int) -> None:
-        """A session of ``stage`` closed after holding at most ``peak_bytes``."""
-        self.stage_bytes[stage] = max(self.stage_bytes.get(stage, 0), peak_bytes)
+    def closed(self, stage: int, peak_bytes: int, b_let_go: bool = False) -> None:
+        """A session of ``stage`` closed after holding at most ``peak_bytes``;
+        ``b_let_go``: its B let go of what W does not read as it unpacked it.
+        The first such session of a stage sets the stage's need afresh (the
+        Bs before it held everything until they ended); later ones raise it."""
+        if b_let_go and stage not in self._let_go_stages:
+            self._let_go_stages.add(stage)
+            self.stage_bytes[stage] = peak_bytes
+        else:
+            self.stage_bytes[stage] = max(self.stage_bytes.get(stage, 0), peak_bytes)
         if self.bytes is not None and self.floor_bytes > self.bytes and not self._warned:
             self._warned = True
             warnings.warn(

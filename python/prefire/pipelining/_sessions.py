@@ -9,11 +9,18 @@ Note [What a session keeps for W]
 torch's B keeps the stage's whole graph for W (``retain_graph=True``), so a
 session would hold all B recomputed until W, though W reads only what the
 weight gradients need (Note [A session keeps what the next pass reads] in
-src/session/keep_only.cpp: about half of it on the default GPT block). So each
-stage learns, from its W's (``_C.pass_reads`` after W, the union over every
-W of a forward that saves the same tensors), what a W reads, and after each
-later B its session keeps only that (``_C.keep_only``). The first W of a
-stage (or of a forward that saves otherwise) finds its session whole. What
+src/session/keep_only.cpp: about half of it on the default GPT block; none of
+a compiled block whose weight gradients W takes from B). So each stage
+learns, from its W's (``_C.pass_reads`` after W, the union over every W of a
+forward that saves the same tensors; nothing of a checkpoint whose graph
+went after B), what a W reads, and each later B's
+scope gets that mask (``next_pass_reads``): B lets go of every other tensor
+at its unpack and ends holding only what W reads (Note [A pass lets go of
+what the next pass will not read]). A B that unpacks a tensor twice finds it
+gone and recomputes it for itself (a trim miss, said once); the stage's later
+Bs then keep all until they end and are trimmed after (``_C.keep_only``).
+The first W of a stage (or of a forward that saves otherwise) finds its
+session whole. What
 a trimmed session keeps is what the rank's budget counts for it from then
 on (``RankBudget.kept``). A W that reads a dropped tensor after all
 recomputes that checkpoint for itself: the same gradients, counted in
@@ -52,6 +59,9 @@ class _MicroBatch:
     ready: Optional[Callable[[], bool]] = None
     w_recomputes: bool = False  # B let go of its recomputation for the budget: W recomputes into this session
     kept_for_w: bool = False    # B ran and kept its recomputation for W
+    trimmed_in_b: bool = False  # B let go of what W does not read as it went (Note [What a session keeps for W])
+    b_trim_misses: int = 0      # unpacks in B of what B had let go of already
+    saved_counts: Optional[List[int]] = None  # after a B that W takes from: tensors each checkpoint saved
 
 
 def _holds_fsdp(module) -> bool:
@@ -114,6 +124,7 @@ class _StageSessions:
         # later sessions keep after B (Note [What a session keeps for W]).
         self.w_reads: Optional[List[List[bool]]] = None
         self.warned_miss = False
+        self.b_lets_go = True  # B gets w_reads (until a B unpacks a tensor twice)
         if getattr(stage, "_prefire_sessions", None) is not None:
             raise RuntimeError(f"prefire.pipelining.enable: stage {stage.stage_index} already has prefire sessions "
                                "(enable was called twice for its schedule)")
@@ -156,9 +167,10 @@ class _StageSessions:
         self.listener.action_begins(("BW" if full else "B", index, bwd_chunk_id))
         # W takes what B computed of the weight gradients (Note [Weight gradients a custom Function computes in B])
         capture = self.grads_in_b.before_b(bwd_chunk_id, full)
-        # B keeps what it recomputed for W; a full backward is the last pass.
+        # B keeps what it recomputed for W, or only what W reads; a full backward is the last pass.
+        w_reads = self.w_reads if not full and self.b_lets_go else None
         try:
-            self.run_pass(bwd_chunk_id, not full, lambda: backward(bwd_chunk_id, *args, **kwargs))
+            self.run_pass(bwd_chunk_id, not full, lambda: backward(bwd_chunk_id, *args, **kwargs), w_reads=w_reads)
         except RuntimeError as error:
             if not full and _donated_buffers(error):
                 raise RuntimeError(
@@ -171,8 +183,9 @@ class _StageSessions:
             if capture is not None:
                 capture.remove_hooks()
         if not full:
-            self.stats.w_groups_taken_in_b += self.grads_in_b.after_b(bwd_chunk_id, capture)
-            self.after_b(bwd_chunk_id)
+            taken = self.grads_in_b.after_b(bwd_chunk_id, capture)
+            self.stats.w_groups_taken_in_b += taken
+            self.after_b(bwd_chunk_id, took_w=taken > 0)
         self.listener.action_done(index, bwd_chunk_id, last_pass=full)
 
     def backward_weight_one_chunk(self, bwd_chunk_id, *args, **kwargs):
@@ -202,14 +215,18 @@ class _StageSessions:
             _C.attach(handle, mb.session)
         return mb
 
-    def after_b(self, micro_batch: int) -> None:
+    def after_b(self, micro_batch: int, took_w: bool = False) -> None:
         """Lets go of what B recomputed when keeping it for W would break
         the rank's budget; W then recomputes into a session of its own
-        (Note [A rank's byte budget])."""
+        (Note [A rank's byte budget]). ``took_w``: W takes weight gradients
+        B computed (Note [Weight gradients a custom Function computes in B])."""
         mb = self.pending.get(micro_batch)
         if mb is None:
             return
-        if self.w_reads is not None and _C.keep_only(mb.session, self.w_reads):
+        self.check_b_misses(mb)
+        if took_w:
+            mb.saved_counts = [len(r) for r in _C.pass_reads(mb.session)]
+        if mb.trimmed_in_b or (self.w_reads is not None and _C.keep_only(mb.session, self.w_reads)):
             self.stats.trimmed_after_b += 1
             self.budget.kept(self.stage.stage_index, _C.session_stats(mb.session).current_bytes)
         keep, let_go = self.budget.after_b((self.stage.stage_index, micro_batch))
@@ -233,13 +250,18 @@ class _StageSessions:
         self.pending[micro_batch] = self._new_session(mb.handles)
         self.stats.prefires_let_go += 1
 
-    def run_pass(self, micro_batch: int, retain: bool, run: Callable[[], Any], weight: bool = False) -> None:
+    def run_pass(self, micro_batch: int, retain: bool, run: Callable[[], Any], weight: bool = False,
+                 w_reads: Optional[List[List[bool]]] = None) -> None:
+        """Runs a pass in the micro-batch's session; ``w_reads`` (B): what W
+        will read, the rest let go as B unpacks it."""
         mb = self.pending.get(micro_batch)
         if mb is None:  # nothing checkpointed in this micro-batch
             run()
             return
         try:
-            with session(mb.session, retain_on_unpack=retain):
+            with session(mb.session, retain_on_unpack=retain, next_pass_reads=w_reads) as scope:
+                if retain:  # B
+                    mb.trimmed_in_b = scope.lets_go
                 run()
         except BaseException:
             self.close(micro_batch, discard=True)  # the error is what the caller hears of
@@ -249,11 +271,30 @@ class _StageSessions:
         if not retain:
             self.close(micro_batch)
 
+    def check_b_misses(self, mb: _MicroBatch) -> None:
+        """A B that unpacked a tensor it had let go of (read twice in one
+        pass) recomputed it for itself: counted, said once, and later Bs of
+        the stage keep everything until they end."""
+        mb.b_trim_misses = _C.session_stats(mb.session).trim_misses
+        if not mb.b_trim_misses:
+            return
+        self.stats.trim_misses += mb.b_trim_misses
+        self.b_lets_go = False
+        warnings.warn(
+            f"prefire.pipelining: a B of stage {self.stage.stage_index} unpacked {mb.b_trim_misses} saved tensor(s) "
+            "twice that W does not read, after letting go of them at their first unpack; they were recomputed for "
+            "that B alone (the gradients are the same) and later Bs of the stage keep what they recompute until "
+            "they end", UserWarning, stacklevel=4)
+
     def learn_w_reads(self, mb: _MicroBatch) -> None:
         """What this W read of its session, added to what earlier Ws read
         (Note [What a session keeps for W])."""
         reads = _C.pass_reads(mb.session)
-        misses = _C.session_stats(mb.session).trim_misses
+        if not reads and mb.saved_counts:
+            # W took the weight gradients B computed and every checkpoint's graph went after B (Note [Weight
+            # gradients a custom Function computes in B]): W read none of them
+            reads = [[False] * n for n in mb.saved_counts]
+        misses = _C.session_stats(mb.session).trim_misses - mb.b_trim_misses
         if misses:
             self.stats.trim_misses += misses
             if not self.warned_miss:
@@ -278,7 +319,7 @@ class _StageSessions:
         (_C.discard_session if discard else _C.clear_session)(mb.session)
         if info.budget_bytes is not None:  # a bubble prefire's cap belongs to the id: removed with the session
             _C.set_session_budget(mb.session, None)
-        self.budget.closed(self.stage.stage_index, info.peak_bytes)
+        self.budget.closed(self.stage.stage_index, info.peak_bytes, b_let_go=mb.trimmed_in_b)
 
     def _check_steps_begin(self) -> None:
         """A forward wrapper that sees far more forwards than a step has, with

@@ -17,7 +17,7 @@ class PipelineStats:
     max_session_bytes: int = 0    # the most bytes one micro-batch's session held (its peak)
     released_after_b: int = 0     # micro-batches whose recomputation B let go for the budget (W recomputed it)
     trimmed_after_b: int = 0      # micro-batches whose session kept, after B, only what an earlier W read
-    trim_misses: int = 0          # unpacks in W of a tensor the trim dropped (recomputed for that W alone)
+    trim_misses: int = 0          # unpacks in B or W of a tensor the trim dropped (recomputed for that pass alone)
     graphs_let_go: int = 0        # last-stage micro-batches whose output and loss hold no graph after W
     prefires_let_go: int = 0      # bubble-prefired micro-batches let go so that a B could keep its recomputation
     w_groups_taken_in_b: int = 0  # param groups whose weight gradients B's custom-Function nodes gave (W skipped them)
