@@ -11,9 +11,9 @@ hold it.
    stage while it runs. A stage's need is the most one of its sessions
    held (learnt as they close; from the first session whose B let go of
    what W does not read as it went, Note [What a session keeps for W] in
-   _sessions.py, counting only those and later ones); the floor is the most
-   over the stages (``floor_bytes``). Below the floor the rank keeps nothing for W and
-   prefires nothing, and says so once.
+   _sessions.py, counting only those and later ones); the floor is the
+   most over the stages (``floor_bytes``). Below the floor the rank keeps
+   nothing for W and prefires nothing, and says so once.
 2. Both decisions below walk the rank's actions in the schedule's order,
    counted by the C++ planner (include/prefire/pipeline_plan.h): a B or full
    backward holds its stage's need less what is prefired of it; a W lets go

@@ -13,16 +13,15 @@ src/session/keep_only.cpp: about half of it on the default GPT block; none of
 a compiled block whose weight gradients W takes from B). So each stage
 learns, from its W's (``_C.pass_reads`` after W, the union over every W of a
 forward that saves the same tensors; nothing of a checkpoint whose graph
-went after B), what a W reads, and each later B's
-scope gets that mask (``next_pass_reads``): B lets go of every other tensor
-at its unpack and ends holding only what W reads (Note [A pass lets go of
-what the next pass will not read]). A B that unpacks a tensor twice finds it
-gone and recomputes it for itself (a trim miss, said once); the stage's later
-Bs then keep all until they end and are trimmed after (``_C.keep_only``).
-The first W of a stage (or of a forward that saves otherwise) finds its
-session whole. What
-a trimmed session keeps is what the rank's budget counts for it from then
-on (``RankBudget.kept``). A W that reads a dropped tensor after all
+went after B), what a W reads, and each later B's scope gets that mask
+(``next_pass_reads``): B lets go of every other tensor at its unpack and
+ends holding only what W reads (Note [A pass lets go of what the next pass
+will not read]). A B that unpacks a tensor twice finds it gone and
+recomputes it for itself (a trim miss, said once); the stage's later Bs
+then keep all until they end and are trimmed after (``_C.keep_only``). The
+first W of a stage (or of a forward that saves otherwise) finds its session
+whole. What a trimmed session keeps is what the rank's budget counts for it
+from then on (``RankBudget.kept``). A W that reads a dropped tensor after all
 recomputes that checkpoint for itself: the same gradients, counted in
 ``PipelineStats.trim_misses``, said once in a warning, and kept from then on.
 """
