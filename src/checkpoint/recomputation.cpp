@@ -150,22 +150,21 @@ std::optional<at::Tensor> Recomputation::take_and_trim(size_t slot) {
   std::lock_guard<std::mutex> lock(mu_);
   if (consumed_.at(slot)) return std::nullopt;
   at::Tensor t = tensors_[slot];
-  drop_locked(slot);
-  trimmed_[slot] = 1;
-  any_trimmed_.store(true, std::memory_order_release);
+  trim_locked(slot);
   return t;
 }
 
 void Recomputation::keep_only(const std::vector<bool>& keep) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  bool any = false;
   for (size_t slot = 0; slot < tensors_.size() && slot < keep.size(); ++slot) {
-    if (keep[slot]) continue;
-    drop_locked(slot);
-    trimmed_[slot] = 1;
-    any = true;
+    if (!keep[slot]) trim_locked(slot);
   }
-  if (any) any_trimmed_.store(true, std::memory_order_release);
+}
+
+void Recomputation::trim_locked(size_t slot) noexcept {
+  drop_locked(slot);
+  trimmed_[slot] = 1;
+  any_trimmed_.store(true, std::memory_order_release);
 }
 
 bool Recomputation::trimmed(size_t slot) {

@@ -104,6 +104,8 @@ class Recomputation {
   enum class State { kEmpty, kRunning, kDone };
   // Caller holds mu_.
   void drop_locked(size_t slot) noexcept;
+  /// Drops `slot` for the rest of this computation: a later unpack is a trim miss.
+  void trim_locked(size_t slot) noexcept;
   void drop_all_locked() noexcept;
 
   std::mutex mu_;  // guards the single flight and the slots (the computing thread holds it only briefly)
