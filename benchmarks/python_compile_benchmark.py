@@ -1,7 +1,7 @@
 """prefire and torch.compile (inductor), side by side in one process.
 
 A stack of GPT blocks (tests/python/test_checkpoint.py's Block, no dropout)
-trained one step at a time on CPU, one intra-op thread, in seven variants
+trained one step at a time on CPU, one intra-op thread, in eight variants
 (``--variant NAME``, repeatable, runs only those and the ratios' base):
 
   eager, torch ckpt        torch.utils.checkpoint per block, no compile
@@ -14,10 +14,17 @@ trained one step at a time on CPU, one intra-op thread, in seven variants
                            prefire's runtime around compiled math (sessions apply);
                            the recomputation runs the whole compiled forward
   prefire around compiled (prefire.compile)
-                           prefire.checkpoint_wrapper(prefire.compile(block)):
-                           the same, recomputing with the forward graph's program
-                           (Note [A compiled block's recomputation program])
-  prefire around compiled (prefire.compile, budget 0.5)
+                           prefire.checkpoint_wrapper(prefire.compile(block)),
+                           forward outside prefire.collect(): nothing can
+                           schedule these checkpoints, so each runs as torch's
+                           compiled checkpoint (Note [A block no collector sees
+                           runs torch's compiled checkpoint])
+  prefire around compiled (prefire.compile), collected
+                           the same with forward inside prefire.collect():
+                           prefire's runtime, recomputing with the forward
+                           graph's program (Note [A compiled block's
+                           recomputation program]), as a pipeline runs it
+  prefire around compiled (prefire.compile, budget 0.5), collected
                            the same with activation_memory_budget=0.5: the
                            partitioner saves less, the compiled backward
                            recomputes the rest inside itself
@@ -34,6 +41,7 @@ excepted). Ratios are against "compiled torch ckpt".
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -64,9 +72,19 @@ VARIANTS = {
     "compiled prefire wrapper": lambda b: torch.compile(prefire.checkpoint_wrapper(b)),
     "prefire around compiled": lambda b: prefire.checkpoint_wrapper(torch.compile(b)),
     "prefire around compiled (prefire.compile)": lambda b: prefire.checkpoint_wrapper(prefire.compile(b)),
-    "prefire around compiled (prefire.compile, budget 0.5)": lambda b: prefire.checkpoint_wrapper(
+    "prefire around compiled (prefire.compile), collected": lambda b: prefire.checkpoint_wrapper(prefire.compile(b)),
+    "prefire around compiled (prefire.compile, budget 0.5), collected": lambda b: prefire.checkpoint_wrapper(
         prefire.compile(b, activation_memory_budget=0.5)),
 }
+
+
+def forward(layers, x, collected):
+    """The stack's output; its checkpoints collected (and dropped) where ``collected``."""
+    with prefire.collect() if collected else contextlib.nullcontext():
+        h = x
+        for layer in layers:
+            h = layer(h)
+    return h
 
 
 class KeptBytes:
@@ -86,12 +104,9 @@ class KeptBytes:
         return sum(self.storages.values())
 
 
-def make_step(params, layers, x):
+def make_step(params, layers, x, collected=False):
     def step():
-        h = x
-        for layer in layers:
-            h = layer(h)
-        torch.autograd.grad(h.square().mean(), [x, *params])
+        torch.autograd.grad(forward(layers, x, collected).square().mean(), [x, *params])
 
     return step
 
@@ -102,12 +117,10 @@ def step_peak(step):
     return peak.bytes
 
 
-def kept_bytes(params, layers, x):
+def kept_bytes(params, layers, x, collected=False):
     meter = KeptBytes(params)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
-        h = x
-        for layer in layers:
-            h = layer(h)
+        h = forward(layers, x, collected)
     torch.autograd.grad(h.square().mean(), [x, *params])
     return meter.total()
 
@@ -141,11 +154,12 @@ def main():
     for name, wrap in variants.items():
         params, layers = build(args.blocks, args.dim, args.heads, wrap)
         params = list(params.parameters())
+        collected = name.endswith(", collected")
         start = time.perf_counter()
-        make_step(params, layers, x)()  # compiles
+        make_step(params, layers, x, collected)()  # compiles
         compile_s[name] = time.perf_counter() - start
-        kept[name] = kept_bytes(params, layers, x)
-        steps[name] = make_step(params, layers, x)
+        kept[name] = kept_bytes(params, layers, x, collected)
+        steps[name] = make_step(params, layers, x, collected)
         peak[name] = step_peak(steps[name])
     times = {name: [] for name in variants}
     for _ in range(args.rounds):

@@ -50,7 +50,9 @@ import prefire
 VARIANTS = {
     "eager, no ckpt": (lambda b: b, False),
     "eager prefire session": (prefire.checkpoint_wrapper, True),
-    **{name: (wrap, "prefire" in name) for name, wrap in COMPILE_VARIANTS.items()},
+    # every step here collects its forward, so this one is "prefire around compiled (prefire.compile)" again
+    **{name: (wrap, "prefire" in name) for name, wrap in COMPILE_VARIANTS.items()
+       if name != "prefire around compiled (prefire.compile), collected"},
 }
 BASE = "compiled torch ckpt"
 RECOMPUTED: List[tuple] = []  # prefire's recompute observer's events

@@ -16,7 +16,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _pytree as pytree
 from torch.utils._device import DeviceContext
 
-from . import _C, _compile, _fsdp
+from . import _C, _compile, _fsdp, _schedule
 from ._options import check_options, check_values
 from ._thread_state import set_in_block
 from ._warn_once import warn_once as _warn_once
@@ -48,7 +48,10 @@ CheckpointError = _C.CheckpointError
 # computes what the compiled backward reads (Note [A compiled block's
 # recomputation program] in _compile.py); around torch.compile(block) it
 # runs the whole compiled forward again. Either way the recomputation saves
-# the tensors forward saved (tested bit-equal, inductor and aot_eager).
+# the tensors forward saved (tested bit-equal, inductor and aot_eager). A
+# prefire.compile'd block whose forward no prefire.collect() sees, which
+# nothing can schedule, runs as torch's compiled checkpoint instead (Note [A
+# block no collector sees runs torch's compiled checkpoint] in _compile.py).
 #
 # Under a pipeline's B/W split the compiled backward, one node, computes
 # every gradient whenever it runs: prefire.pipelining.enable lets W take the
@@ -126,17 +129,22 @@ def _warn_compiled_region() -> bool:
 _TORCH_DETERMINISM = {"default": "default", "metadata": "default", "checksum": "default", "none": "none"}
 
 
-def _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determinism_check, debug, early_stop,
-                                   preserve_rng_state):
-    _warn_compiled_region()
+def _torch_options(determinism_check: str, early_stop: bool, preserve_rng_state: bool) -> Dict[str, Any]:
+    """prefire.checkpoint's options as torch.utils.checkpoint's."""
     if determinism_check not in _TORCH_DETERMINISM:
         raise ValueError(f"prefire.checkpoint: determinism_check must be 'default', 'none', 'metadata' or "
                          f"'checksum', got {determinism_check!r}")
+    return dict(determinism_check=_TORCH_DETERMINISM[determinism_check], early_stop=early_stop,
+                preserve_rng_state=preserve_rng_state)
+
+
+def _checkpoint_in_compiled_region(function, args, kwargs, context_fn, determinism_check, debug, early_stop,
+                                   preserve_rng_state):
+    _warn_compiled_region()
+    options = _torch_options(determinism_check, early_stop, preserve_rng_state)
     if context_fn is not None:  # dynamo takes context_fn only as given (selective checkpointing's), never as None
         kwargs = dict(kwargs, context_fn=context_fn)
-    return torch_checkpoint.checkpoint(
-        function, *args, use_reentrant=False, determinism_check=_TORCH_DETERMINISM[determinism_check], debug=debug,
-        early_stop=early_stop, preserve_rng_state=preserve_rng_state, **kwargs)
+    return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, debug=debug, **options, **kwargs)
 
 
 def _device_context() -> Optional[torch.device]:
@@ -194,6 +202,7 @@ def _as_forward_type(t: torch.Tensor, cls: type) -> torch.Tensor:
 #    bytes with the block's inputs (checkpoint_bytes). Inside another
 #    checkpoint's forward nothing is counted: the outer frame's saves are its
 #    own, and the outer checkpoint's recomputation makes the inner one again.
+_inside = threading.local()  # .function: inside a prefire checkpoint's function, its forward or a recomputation
 _held = threading.local()  # .storages: what the last checkpoint on this thread holds beyond its inputs
 
 
@@ -376,6 +385,12 @@ def checkpoint(
     forced = torch_checkpoint._enable_checkpoint_early_stop  # set_checkpoint_early_stop wins, as in torch
     if forced is not None:
         early_stop = forced
+    if offload_to is None and not _schedule._collecting() and not getattr(_inside, "function", False):
+        # Note [A block no collector sees runs torch's compiled checkpoint] in _compile.py
+        as_torch = _compile.torch_checkpoint_of(function)
+        if as_torch is not None:
+            _held.storages = {}
+            return as_torch(_torch_options(determinism_check, early_stop, preserve_rng_state), args, kwargs)
     call = _FunctionCall(function, args, kwargs)
     selective: List[_EveryRecomputation] = []
     tensors = _C.checkpoint(call.run, call.tensors(), preserve_rng_state, determinism_check, early_stop,
@@ -438,14 +453,15 @@ class _FunctionCall:
         return [o for o in self.forward["flat"] if isinstance(o, torch.Tensor)]
 
     def _call(self, tensors: List[torch.Tensor]) -> List[torch.Tensor]:
-        if self.spec is None:
-            out = self.function(*tensors)
-        else:
-            values = list(self.leaves)
-            for i, t in zip(self.where, tensors):
-                values[i] = t
-            call_args, call_kwargs = pytree.tree_unflatten(values, self.spec)
-            out = self.function(*call_args, **call_kwargs)
+        with set_in_block(_inside, "function", True):
+            if self.spec is None:
+                out = self.function(*tensors)
+            else:
+                values = list(self.leaves)
+                for i, t in zip(self.where, tensors):
+                    values[i] = t
+                call_args, call_kwargs = pytree.tree_unflatten(values, self.spec)
+                out = self.function(*call_args, **call_kwargs)
         if type(out) is torch.Tensor:
             flat, out_spec = [out], None
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -68,6 +69,31 @@ from ._warn_once import warn_once
 # output_strides, the output node's user_visible_output_idxs /
 # original_output_strides, and functorch's autograd cache switches (off
 # for these graphs: a cached forward would come back without its program).
+
+# Note [A block no collector sees runs torch's compiled checkpoint]
+# A checkpoint is shared by a session, or recomputed ahead, only through its
+# handle, and a handle comes only from a prefire.collect() scope open around
+# the checkpoint's forward (prefire.pipelining.enable and the plans open
+# one). A prefire.compile'd block checkpointed with no collector open and
+# inside no other prefire checkpoint can be neither: its backward recomputes
+# it, once, as torch's compiled checkpoint does. There prefire's
+# recomputation (Note [A compiled block's recomputation program]) costs
+# more than torch's: it runs before the compiled backward and materializes
+# every tensor that backward reads, where torch's partitioner recomputes
+# inside the compiled backward, fused with the gradient kernels, each value
+# when the backward reaches it (four GPT blocks on CPU inductor: 1.08x the
+# step, 1.077x the step peak; docs/benchmarks.md). So there prefire.checkpoint
+# runs torch's compiled checkpoint of the block: torch.compile of
+# torch.utils.checkpoint(block, use_reentrant=False) with the checkpoint's
+# options, under the block's inductor config and partitioner budget, compiled
+# on first use (_TorchCheckpoint). Its gradients are torch's compiled
+# checkpoint's, and prefire counts no recomputation (runtime_stats, the
+# recompute observer): the compiled backward recomputes. Inside a collector
+# the same block takes prefire's path, so a block collected in one step and
+# not in the next is compiled both ways. A nested checkpoint always takes
+# prefire's path, so that its forward and its recomputation inside the
+# outer one's (where no collector is open) run the same program. An offloaded
+# checkpoint (offload_to) always takes prefire's path: offloading is prefire's.
 
 _state = threading.local()
 _in_use = False  # no prefire.compile call yet: checkpoints skip all of this
@@ -252,6 +278,51 @@ class _Forward:
         return empty + saved
 
 
+class _Checkpointed(torch.nn.Module):
+    """torch.utils.checkpoint(block, use_reentrant=False, **options), the
+    module torch.compile traces for _TorchCheckpoint (one forward code for
+    every block: dynamo keeps one cache entry for blocks alike)."""
+
+    def __init__(self, block: Callable[..., Any], options: Dict[str, Any]) -> None:
+        super().__init__()
+        self.block, self.options = block, options
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(self.block, *args, use_reentrant=False, **self.options, **kwargs)
+
+
+class _TorchCheckpoint:
+    """A prefire.compile'd block as torch's compiled checkpoint (Note [A
+    block no collector sees runs torch's compiled checkpoint]): compiled
+    once for each set of checkpoint options it is called with."""
+
+    def __init__(self, model: Callable[..., Any], backend: "_Backend", fullgraph: bool,
+                 dynamic: Optional[bool]) -> None:
+        self.model, self.backend, self.fullgraph, self.dynamic = model, backend, fullgraph, dynamic
+        self.compiled: Dict[Tuple[Tuple[str, Any], ...], Callable[..., Any]] = {}
+
+    def __call__(self, options: Dict[str, Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        key = tuple(sorted(options.items()))
+        run = self.compiled.get(key)
+        if run is None:
+            run = self.compiled[key] = torch.compile(_Checkpointed(self.model, options), backend=self.backend,
+                                                     fullgraph=self.fullgraph, dynamic=self.dynamic)
+        return run(*args, **kwargs)
+
+
+_torch_checkpoints: "weakref.WeakKeyDictionary[Any, _TorchCheckpoint]" = weakref.WeakKeyDictionary()
+
+
+def torch_checkpoint_of(function: Any) -> Optional[_TorchCheckpoint]:
+    """``function`` as torch's compiled checkpoint, if prefire.compile made
+    it (Note [A block no collector sees runs torch's compiled checkpoint])."""
+    try:
+        return _torch_checkpoints.get(function)
+    except TypeError:  # not weakly referable, or unhashable: not one prefire.compile made
+        return None
+
+
 @contextlib.contextmanager
 def forward_of(function_outputs: Callable[[], List[torch.Tensor]]) -> Iterator[List[Optional[_Forward]]]:
     """Around a checkpoint's forward: yields a one-element list that holds,
@@ -294,6 +365,12 @@ def compile(model: Callable[..., Any], *, fullgraph: bool = False, dynamic: Opti
     the tensors its backward reads (torch.compile's whole forward otherwise).
     Note [A compiled block's recomputation program] in prefire/_compile.py.
 
+    Checkpointed where no :class:`prefire.collect` is open (so that no
+    session or :func:`prefire.prefire` can reach the checkpoint), the block
+    runs as ``torch.compile`` of torch's checkpoint around it instead, with
+    the same config: the compiled backward recomputes, fused, at torch's
+    cost (Note [A block no collector sees runs torch's compiled checkpoint]).
+
     Args: those of ``torch.compile``; ``mode`` may not use CUDA graphs
     (``"reduce-overhead"``, ``"max-autotune"``). ``activation_memory_budget``
     (0 to 1, default torch's 1): the partitioner's
@@ -315,29 +392,37 @@ def compile(model: Callable[..., Any], *, fullgraph: bool = False, dynamic: Opti
         raise ValueError(f"prefire.compile: mode={mode!r} / options use CUDA graphs, which prefire's recomputation "
                          "cannot replay; use mode='max-autotune-no-cudagraphs' or the default mode")
 
-    return torch.compile(model, backend=_Backend(config, activation_memory_budget), fullgraph=fullgraph,
-                         dynamic=dynamic)
+    compiled = torch.compile(model, backend=_Backend(config, activation_memory_budget), fullgraph=fullgraph,
+                             dynamic=dynamic)
+    _torch_checkpoints[compiled] = _TorchCheckpoint(
+        model, _Backend(config, activation_memory_budget, programs=False), fullgraph, dynamic)
+    return compiled
 
 
 class _Backend:
-    """Inductor with recomputation programs, under inductor's config patches
+    """Inductor with recomputation programs (without, for
+    _TorchCheckpoint: ``programs=False``), under inductor's config patches
     ``config`` and the partitioner's ``budget``. Equal backends compare
     equal, as torch.compile's own do: dynamo keeps one cache entry of a code
     object (a block class's forward, shared by every block) per backend, so
     blocks compiled alike share one."""
 
-    def __init__(self, config: Dict[str, Any], budget: Optional[float]) -> None:
-        self.config, self.budget = config, budget
+    def __init__(self, config: Dict[str, Any], budget: Optional[float], programs: bool = True) -> None:
+        self.config, self.budget, self.programs = config, budget, programs
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Backend) and (self.config, self.budget) == (other.config, other.budget)
+        return isinstance(other, _Backend) and (self.config, self.budget, self.programs) == (
+            other.config, other.budget, other.programs)
 
     def __hash__(self) -> int:
-        return hash((repr(sorted(self.config.items())), self.budget))
+        return hash((repr(sorted(self.config.items())), self.budget, self.programs))
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         from torch._functorch import config as functorch_config
         from torch._inductor.compile_fx import compile_fx
-        budget = {} if self.budget is None else {"activation_memory_budget": self.budget}
-        with functorch_config.patch(enable_autograd_cache=False, bundled_autograd_cache=False, **budget):
+        patches: Dict[str, Any] = {} if self.budget is None else {"activation_memory_budget": self.budget}
+        if not self.programs:
+            with functorch_config.patch(**patches):
+                return compile_fx(gm, example_inputs, config_patches=self.config or None)
+        with functorch_config.patch(enable_autograd_cache=False, bundled_autograd_cache=False, **patches):
             return compile_fx(gm, example_inputs, inner_compile=_inner_compile, config_patches=self.config or None)

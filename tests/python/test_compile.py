@@ -5,12 +5,22 @@ compiles with inductor (CPU). A test fails when torch changes what
 prefire.compile reads: the program stops running (program_runs) or the
 gradients change."""
 
+import contextlib
+
 import pytest
 import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
 
 import prefire
 from prefire import _compile, _warn_once
 from test_checkpoint import Block
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles Block.forward anew: the tests between them compile it
+    under more backends and guards than dynamo's recompile limit keeps."""
+    torch._dynamo.reset()
 
 
 def blocks_and_input(n=2, dropout=0.0):
@@ -20,11 +30,15 @@ def blocks_and_input(n=2, dropout=0.0):
     return blocks, x
 
 
-def gradients(blocks, layers, x, seed=3):
+def gradients(blocks, layers, x, seed=3, collected=True):
+    """The gradients of a step; its forward inside prefire.collect() where
+    ``collected`` (prefire's path for a prefire.compile'd block, Note [A
+    block no collector sees runs torch's compiled checkpoint])."""
     torch.manual_seed(seed)
     h = x
-    for layer in layers:
-        h = layer(h)
+    with prefire.collect() if collected else contextlib.nullcontext():
+        for layer in layers:
+            h = layer(h)
     params = [p for b in blocks for p in b.parameters()]
     return torch.autograd.grad(h.square().mean(), [x, *params], allow_unused=True, materialize_grads=True)
 
@@ -46,6 +60,44 @@ def test_a_checkpointed_prefire_compiled_block_recomputes_with_its_program_and_g
         # forward and backward are torch.compile's; the program computes the
         # saved tensors as the compiled forward does
         assert_equal(got, expected)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+def test_a_prefire_compiled_block_no_collector_sees_is_torchs_compiled_checkpoint(dropout):
+    blocks, x = blocks_and_input(dropout=dropout)
+    expected = gradients(blocks, [torch.compile(torch_wrapper(b)) for b in blocks], x)
+    layers = [prefire.checkpoint_wrapper(prefire.compile(b)) for b in blocks]
+    for _ in range(2):
+        runs, recomputations = _compile.program_runs, prefire.runtime_stats().recomputations
+        assert_equal(gradients(blocks, layers, x, collected=False), expected)
+        # the compiled backward recomputed, as torch's compiled checkpoint's does
+        assert prefire.runtime_stats().recomputations == recomputations
+        assert _compile.program_runs == runs
+    assert saved_bytes(layers[0], x) == saved_bytes(torch.compile(torch_wrapper(blocks[0])), x)
+    # collected, the same blocks take prefire's path: a handle each, recomputed by prefire
+    recomputations = prefire.runtime_stats().recomputations
+    with prefire.collect() as handles:
+        h = x
+        for layer in layers:
+            h = layer(h)
+    assert len(handles) == len(blocks)
+    h.sum().backward()
+    assert prefire.runtime_stats().recomputations - recomputations == len(blocks)
+    with pytest.raises(ValueError, match="determinism_check must be"):
+        prefire.checkpoint(prefire.compile(blocks[0]), x, determinism_check="bits")
+
+
+def test_a_prefire_compiled_block_inside_another_checkpoint_takes_prefires_path_in_forward_and_recomputation():
+    # its forward (outer forward) and its recomputation (outer recomputation, no collector open) run one program
+    blocks, x = blocks_and_input(n=1)
+    expected = gradients(blocks, [torch.compile(blocks[0])], x)
+    compiled = prefire.compile(blocks[0])
+    runs, recomputations = _compile.program_runs, prefire.runtime_stats().recomputations
+    got = gradients(blocks, [lambda h: prefire.checkpoint(lambda z: prefire.checkpoint(compiled, z) * 1, h)], x,
+                    collected=False)
+    assert_equal(got, expected)
+    assert prefire.runtime_stats().recomputations - recomputations == 2  # the outer checkpoint, then the inner
+    assert _compile.program_runs - runs == 1
 
 
 def test_outside_a_checkpoint_and_with_early_stop_off_a_prefire_compiled_block_is_torch_compiles():
