@@ -82,6 +82,8 @@ class RunConfig:
     meter_blocks: bool = False
     #: each block torch.compile'd (inductor), in COMPILE_MODES (worker.block_runner says how each runs it)
     compile: bool = False
+    #: with compile: session and prefire modes' prefire.compile(activation_memory_budget=) (None: torch's 1)
+    compile_memory_budget: Optional[float] = None
     timeout_s: float = 120.0
     eval_steps: int = 0            # schedule.eval() steps after training, counting the recomputations they run
     #: placed mode: the simulator's placement (``simulate place --write-placement``), every rank's

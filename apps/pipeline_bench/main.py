@@ -59,6 +59,9 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
             raise ValueError("plan mode measures in its first step: warmup must be at least 1")
     if TORCH_W_IN_B_MODE in modes and not config.compile:
         raise ValueError(f"{TORCH_W_IN_B_MODE} mode runs torch's compiled checkpoint: pass compile (--compile) with it")
+    if config.compile_memory_budget is not None and not config.compile:
+        raise ValueError("compile_memory_budget (--compile-memory-budget) is prefire.compile's: pass compile (--compile) "
+                         "with it")
     if config.compile and (set(modes) - set(COMPILE_MODES) or config.meter_blocks):
         raise ValueError(f"compiled blocks run in modes {', '.join(COMPILE_MODES)} only, without meter_blocks, got "
                          f"{list(modes)}")
@@ -157,6 +160,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="torch.compile each block (inductor): none compile(block), torch compile(checkpoint(block)) "
                         f"({TORCH_W_IN_B_MODE}: the same under pipelining.enable), session and prefire "
                         f"prefire.checkpoint(prefire.compile(block)); modes {','.join(COMPILE_MODES)}")
+    p.add_argument("--compile-memory-budget", type=float, metavar="F",
+                   help="with --compile: session and prefire modes' prefire.compile(block, activation_memory_budget=F)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per round before its ranks are killed")
     p.add_argument("--placement", metavar="FILE",
                    help="placed mode's bubble prefires, as the simulator's search placed them (python -m "
@@ -174,7 +179,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     placement = read_json_option(p, "--placement", a.placement)
     config = RunConfig(model=model, schedule=a.schedule, modes=tuple(m for m in a.modes.split(",") if m),
                        steps=a.steps, warmup=a.warmup, budgets=budgets, timeout_s=a.timeout, placement=placement,
-                       compile=a.compile)
+                       compile=a.compile, compile_memory_budget=a.compile_memory_budget)
     try:
         summary = run(config, a.world, a.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as e:

@@ -70,7 +70,7 @@ def _fault(kind: str, rank: int) -> bool:
 OFFLOAD_TIER_BYTES = 1 << 30
 
 
-def compiled_block_runner(mode: str):
+def compiled_block_runner(mode: str, memory_budget: Optional[float] = None):
     """How a stage runs a block in ``mode`` with ``RunConfig.compile``, each
     block's math (``Block.compute``) compiled once (inductor) and timed
     outside the compiled region: none: ``torch.compile(compute)``; torch and
@@ -78,7 +78,7 @@ def compiled_block_runner(mode: str):
     compiled region (its partitioner recomputes inside the compiled backward,
     as under torchtitan's order); session and prefire: ``prefire.checkpoint`` around
     the block compiled by ``prefire.compile`` (Note [prefire.checkpoint inside
-    torch.compile])."""
+    torch.compile]), under the partitioner's ``memory_budget`` when given."""
     compiled: Dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
 
     def of(block):
@@ -86,8 +86,10 @@ def compiled_block_runner(mode: str):
         if fn is None:
             if mode in ("torch", TORCH_W_IN_B_MODE):
                 math = torch.compile(lambda x: torch_checkpoint.checkpoint(block.compute, x, use_reentrant=False))
+            elif mode in ("session", "prefire"):
+                math = prefire.compile(block.compute, activation_memory_budget=memory_budget)
             else:
-                math = (prefire.compile if mode in ("session", "prefire") else torch.compile)(block.compute)
+                math = torch.compile(block.compute)
             fn = compiled[block.index] = lambda x: block.timed(math, x)
         return fn
 
@@ -196,7 +198,7 @@ class ModeRun:
             # torch's compiled backward donates its saved buffers unless told not to, and a B/W split's B
             # (retain_graph=True) cannot run one that does: torch's own compiled blocks need this too
             torch._functorch.config.donated_buffer = False
-        runner = compiled_block_runner(mode) if cfg.compile else block_runner(mode, cfg.meter_blocks)
+        runner = compiled_block_runner(mode, cfg.compile_memory_budget) if cfg.compile else block_runner(mode, cfg.meter_blocks)
         self.modules = [Stage(model, i, n_stages, runner) for i in self.indices]
         stages = [pp.PipelineStage(m, i, n_stages, torch.device("cpu")) for m, i in zip(self.modules, self.indices)]
         self.stages = stages

@@ -32,11 +32,14 @@ def no_garbage_holds_saved_tensors():
 TINY = ModelConfig(vocab=64, dim=32, heads=2, blocks=4, seq=16, batch=4, micro_batches=2)
 
 
-def zbv_one_rank(run_block, cfg=TINY):
+def zbv_one_rank(run_block, cfg=TINY, shard=None):
     """A ZBV schedule whose two stages are both on this rank; returns the
-    schedule, the stage modules and a function running one step."""
+    schedule, the stage modules and a function running one step (its
+    gradients whole). ``shard``: applied to each stage module (fully_shard)."""
     model = GPT(cfg)
     modules = [Stage(model, i, 2, run_block) for i in range(2)]
+    if shard is not None:
+        modules = [shard(m) for m in modules]
     stages = [pp.PipelineStage(m, i, 2, torch.device("cpu")) for i, m in enumerate(modules)]
     schedule = pp.ScheduleZBVZeroBubble(stages, cfg.micro_batches, loss_fn=loss_fn)
     tokens, targets = data(cfg)
@@ -45,7 +48,8 @@ def zbv_one_rank(run_block, cfg=TINY):
         for m in modules:
             m.zero_grad(set_to_none=True)
         schedule.step(tokens, target=targets)
-        return {n: p.grad.clone() for m in modules for n, p in m.named_parameters()}
+        return {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone()
+                for m in modules for n, p in m.named_parameters()}
 
     return schedule, modules, step
 
@@ -105,7 +109,7 @@ class Compute(torch.nn.Module):
         return self.block.compute(x)
 
 
-def compiled_zbv_one_rank(wrap, make=torch.compile):
+def compiled_zbv_one_rank(wrap, make=torch.compile, shard=None):
     """zbv_one_rank with each block's math compiled by ``make`` (inductor)
     and run as wrap(compiled block, x); also returns how often each block's
     compiled backward ran."""
@@ -120,7 +124,7 @@ def compiled_zbv_one_rank(wrap, make=torch.compile):
         out.grad_fn.register_prehook(counted)
         return out
 
-    return *zbv_one_rank(run_block), backward_runs
+    return *zbv_one_rank(run_block, shard=shard), backward_runs
 
 
 @torch._functorch.config.patch(donated_buffer=False)
@@ -173,6 +177,37 @@ def test_w_takes_the_weight_gradients_a_compiled_blocks_backward_gave_in_b(one_r
             # where the first step's first B held both of stage 1's blocks until it ended (Note [What a
             # session keeps for W])
             assert 0 < held[1] < 0.75 * held[0], held
+        sessions.disable()
+
+
+@torch._functorch.config.patch(donated_buffer=False)
+def test_w_takes_from_b_on_fsdp2_stages_as_the_reduce_at_the_steps_end_expects(one_rank):
+    # torch's stage runs every B and W of an FSDP2 stage without gradient sync
+    # and reduces the unsharded gradients once, after the last W: those taken
+    # in B are there as W's would be
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (1,))
+    mb = TINY.micro_batches
+    expected = reference_gradients(TINY)
+    plain = lambda f, x: f(x)  # noqa: E731
+    for wrap, make in ((plain, lambda m: torch.compile(prefire.checkpoint_wrapper(m), fullgraph=True)),
+                       (lambda f, x: prefire.checkpoint(f, x), prefire.compile)):
+        schedule, modules, step, backward_runs = compiled_zbv_one_rank(
+            wrap, make, shard=lambda m: fully_shard(m, mesh=mesh))
+        step()
+        backward_runs.clear()
+        torchs = step()
+        assert backward_runs == {0: mb, 1: mb, 2: 2 * mb, 3: 2 * mb}
+        sessions = pipelining.enable(schedule)
+        for _ in range(2):
+            backward_runs.clear()
+            grads = step()
+            assert backward_runs == {b: mb for b in range(TINY.blocks)}
+            assert all(torch.equal(grads[n], torchs[n]) for n in torchs)
+            assert all(torch.allclose(grads[n], expected[n], rtol=1e-4, atol=1e-6) for n in expected)
+        assert sessions.stats().w_groups_taken_in_b == 2 * 2 * mb and sessions.stats().trim_misses == 0
         sessions.disable()
 
 

@@ -118,7 +118,7 @@ class _StageSessions:
         self.forwards = 0            # forwards through the wrapper since the last step began
         self.checkpoints = 0         # prefire checkpoints its forwards made, ever
         self.fsdp = _holds_fsdp(stage.submod)
-        self.grads_in_b = WeightGradsInB(stage, self.fsdp)
+        self.grads_in_b = WeightGradsInB(stage)
         # What a W of this stage read of its session (_C.pass_reads): what
         # later sessions keep after B (Note [What a session keeps for W]).
         self.w_reads: Optional[List[List[bool]]] = None

@@ -34,10 +34,18 @@ The gradients are the ones W would compute: the same node's same program on
 the same saved tensors and the same output gradients (B's, which torch's W
 replays). They reach ``.grad`` at B rather than W; torch's W adds its own by
 hand too, firing no gradient hooks, so only a reader of ``.grad`` between B
-and W could tell. Not done (the group stays W's): the first stage (its B runs
-nothing), FSDP2 stages (their gradients go through FSDP's reduce), stages with
-a ``dw_builder``. A stage whose first B finds no parameter taken walks no
-more (a stage's graph keeps its shape between micro-batches).
+and W could tell. On an FSDP2 stage torch runs every B and W without
+gradient sync, into the unsharded parameters' ``.grad`` (the AccumulateGrad
+nodes' variables, which these are too), and reduces once after the stage's
+last W (``perform_reduce_grad``); what B took is there by then, as W's would
+be (bit-equal to torch's, tested on a one-rank mesh). Under a mixed-precision
+policy whose reduce dtype differs, FSDP moves ``.grad`` into its
+reduce-dtype sum at each later B's post-backward, so a gradient taken in B
+is summed in the reduce dtype one micro-batch earlier than W's would be: a
+rounding difference, not a lost gradient. Not done (the group stays W's):
+the first stage (its B runs nothing), stages with a ``dw_builder``. A stage
+whose first B finds no parameter taken walks no more (a stage's graph keeps
+its shape between micro-batches).
 """
 
 from __future__ import annotations
@@ -79,9 +87,9 @@ class WeightGradsInB:
     """One stage's taking of weight gradients in B (Note [Weight gradients a
     custom Function computes in B])."""
 
-    def __init__(self, stage: Any, fsdp: bool) -> None:
+    def __init__(self, stage: Any) -> None:
         self.stage = stage
-        self.active = not fsdp and getattr(stage, "dw_builder", None) is None
+        self.active = getattr(stage, "dw_builder", None) is None
         self.roots: Dict[int, List[Any]] = {}  # micro-batch -> grad_fns of its forward's output
 
     def forward_done(self, fwd_chunk_id: int, output: Any) -> None:
