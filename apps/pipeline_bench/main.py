@@ -60,8 +60,8 @@ def run(config: RunConfig, world: int = 2, rounds: int = 1, log=None) -> Dict[st
     if TORCH_W_IN_B_MODE in modes and not config.compile:
         raise ValueError(f"{TORCH_W_IN_B_MODE} mode runs torch's compiled checkpoint: pass compile (--compile) with it")
     if config.compile_memory_budget is not None and not config.compile:
-        raise ValueError("compile_memory_budget (--compile-memory-budget) is prefire.compile's: pass compile (--compile) "
-                         "with it")
+        raise ValueError("compile_memory_budget (--compile-memory-budget) is prefire.compile's: pass compile "
+                         "(--compile) with it")
     if config.compile and (set(modes) - set(COMPILE_MODES) or config.meter_blocks):
         raise ValueError(f"compiled blocks run in modes {', '.join(COMPILE_MODES)} only, without meter_blocks, got "
                          f"{list(modes)}")

@@ -198,7 +198,8 @@ class ModeRun:
             # torch's compiled backward donates its saved buffers unless told not to, and a B/W split's B
             # (retain_graph=True) cannot run one that does: torch's own compiled blocks need this too
             torch._functorch.config.donated_buffer = False
-        runner = compiled_block_runner(mode, cfg.compile_memory_budget) if cfg.compile else block_runner(mode, cfg.meter_blocks)
+        runner = (compiled_block_runner(mode, cfg.compile_memory_budget) if cfg.compile
+                  else block_runner(mode, cfg.meter_blocks))
         self.modules = [Stage(model, i, n_stages, runner) for i in self.indices]
         stages = [pp.PipelineStage(m, i, n_stages, torch.device("cpu")) for m, i in zip(self.modules, self.indices)]
         self.stages = stages

@@ -81,8 +81,8 @@ from ._warn_once import warn_once
 # more than torch's: it runs before the compiled backward and materializes
 # every tensor that backward reads, where torch's partitioner recomputes
 # inside the compiled backward, fused with the gradient kernels, each value
-# when the backward reaches it (four GPT blocks on CPU inductor: 1.08x the
-# step, 1.077x the step peak; docs/benchmarks.md). So there prefire.checkpoint
+# when the backward reaches it (four GPT blocks on CPU inductor: 1.07x the
+# step, 1.08x the step peak; docs/benchmarks.md). So there prefire.checkpoint
 # runs torch's compiled checkpoint of the block: torch.compile of
 # torch.utils.checkpoint(block, use_reentrant=False) with the checkpoint's
 # options, under the block's inductor config and partitioner budget, compiled
