@@ -109,10 +109,11 @@ class Compute(torch.nn.Module):
         return self.block.compute(x)
 
 
-def compiled_zbv_one_rank(wrap, make=torch.compile, shard=None):
+def compiled_zbv_one_rank(wrap, make=torch.compile, shard=None, before_backward=None):
     """zbv_one_rank with each block's math compiled by ``make`` (inductor)
     and run as wrap(compiled block, x); also returns how often each block's
-    compiled backward ran."""
+    compiled backward ran. ``before_backward(block)``: called as a block's
+    compiled backward begins."""
     backward_runs = {}
     compiled = {}
 
@@ -120,7 +121,11 @@ def compiled_zbv_one_rank(wrap, make=torch.compile, shard=None):
         fn = compiled.setdefault(block.index, make(Compute(block)))
         out = wrap(fn, x)
         assert type(out.grad_fn).__name__ == "CompiledFunctionBackward"
-        counted = lambda grads, i=block.index: backward_runs.__setitem__(i, backward_runs.get(i, 0) + 1)  # noqa: E731
+
+        def counted(grads, i=block.index):
+            backward_runs[i] = backward_runs.get(i, 0) + 1
+            if before_backward is not None:
+                before_backward(block)
         out.grad_fn.register_prehook(counted)
         return out
 
@@ -143,12 +148,23 @@ def test_w_takes_the_weight_gradients_a_compiled_blocks_backward_gave_in_b(one_r
                        (lambda f, x: prefire.checkpoint(f, x), prefire.compile),
                        # torchtitan's order: inside the compiled region prefire's checkpoint is torch's
                        (plain, lambda m: torch.compile(prefire.checkpoint_wrapper(m), fullgraph=True))):
-        schedule, modules, step, backward_runs = compiled_zbv_one_rank(wrap, make)
+        # whether block 3's weights had their gradients when block 2's backward began, in each step's first B
+        # of stage 1 (which runs block 3's backward, then block 2's)
+        ready = []
+
+        def before_backward(block):
+            if block.index == 2 and ready and ready[-1] is None:
+                ready[-1] = all(p.grad is not None for p in block3.parameters())
+
+        schedule, modules, step, backward_runs = compiled_zbv_one_rank(wrap, make, before_backward=before_backward)
+        block3 = next(b for m in modules for b in m.blocks.values() if b.index == 3)
         step()
         backward_runs.clear()
+        ready.append(None)
         torchs = step()
         # torch's: stage 0 runs its backward once (its W is a full backward), stage 1 in B and again in W
         assert backward_runs == {0: mb, 1: mb, 2: 2 * mb, 3: 2 * mb}
+        assert ready[-1] is False  # torch's B dropped them: W makes them
         sessions = pipelining.enable(schedule)
         held = []  # prefire's held bytes at each step's peak
         with warnings.catch_warnings(record=True) as said:
@@ -157,9 +173,12 @@ def test_w_takes_the_weight_gradients_a_compiled_blocks_backward_gave_in_b(one_r
                 backward_runs.clear()
                 programs = _compile.program_runs
                 prefire.reset_runtime_peak()
+                ready.append(None)
                 grads = step()
                 held.append(prefire.runtime_stats().peak_held_bytes)
                 assert backward_runs == {b: mb for b in range(TINY.blocks)}
+                # added to .grad as soon as block 3's backward ran, not held through the rest of B
+                assert ready[-1] is True
                 if make is prefire.compile:  # one recomputation per block and micro-batch, by its program
                     assert _compile.program_runs - programs == TINY.blocks * mb
                 # the same program on the same tensors: the same bits as torch's W
@@ -192,7 +211,7 @@ def test_w_takes_from_b_on_fsdp2_stages_as_the_reduce_at_the_steps_end_expects(o
     mb = TINY.micro_batches
     expected = reference_gradients(TINY)
     plain = lambda f, x: f(x)  # noqa: E731
-    # bf16 parameters, gradients summed in fp32: FSDP sums what B took in fp32 a micro-batch earlier than W's
+    # bf16 parameters, gradients summed in fp32: FSDP sums what B took in fp32 sooner than W's
     mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for wrap, make, policy in ((plain, lambda m: torch.compile(prefire.checkpoint_wrapper(m), fullgraph=True), None),
                                (lambda f, x: prefire.checkpoint(f, x), prefire.compile, None),

@@ -23,6 +23,19 @@ those (and, under a checkpoint, recomputes again for it). So B keeps them:
    holds none of its nodes. Any other group is W's, untouched. torch's
    parts read here (``backward_state``, the groups' keys) are checked where
    they are read (``_hook_points.b_param_groups``).
+3. Held until B ends, the gradients of a stage's first blocks would live
+   through the backward of the rest (on the pipeline program's compiled
+   ZBV, B's peak 1.5 MiB above torch's W's, which adds each group's as it
+   goes, and rank 0's step peak 1.02x torch's compiled checkpoint's; added
+   as they come, B's peak is torch's B's). So a hook adds them to
+   ``.grad`` in B, as soon as it may: for a set of taken parameters that
+   share no node with any other parameter (a compiled block's), once every
+   node of the set has run. That set is exactly one of torch's param
+   groups: a node that ran in B is on the way to the stage's inputs, where
+   ``_get_param_groups`` stops, so a group is the parameters that share
+   those nodes. After B such a group is only left with nothing for W; one
+   that held both parameters added in B and others would have W add the
+   former again, and raises instead.
 
 So each compiled block's backward runs once per micro-batch, however it is
 checkpointed: torch's compiled checkpoint (torchtitan's order) recomputes
@@ -40,9 +53,9 @@ nodes' variables, which these are too), and reduces once after the stage's
 last W (``perform_reduce_grad``); what B took is there by then, as W's would
 be (bit-equal to torch's, tested on a one-rank mesh). Under a mixed-precision
 policy whose reduce dtype differs, FSDP moves ``.grad`` into its
-reduce-dtype sum at each later B's post-backward, so a gradient taken in B
-is summed in the reduce dtype one micro-batch earlier than W's would be: a
-rounding difference, not a lost gradient. Not done (the group stays W's):
+reduce-dtype sum at each B's post-backward, so a gradient taken in B is
+summed in the reduce dtype sooner than W's would be: a rounding
+difference, not a lost gradient. Not done (the group stays W's):
 the first stage (its B runs nothing), stages with a ``dw_builder``. A stage
 whose first B finds no parameter taken walks no more (a stage's graph keeps
 its shape between micro-batches).
@@ -108,14 +121,16 @@ class WeightGradsInB:
         roots = self.roots.pop(bwd_chunk_id, None)
         if full or not self.active or not roots:
             return None
-        params = {id(p) for p in self.stage.submod.parameters() if p.requires_grad}
-        taken = {key: edges for key, edges in _consumers(roots, params).items()
+        params = {id(p): p for p in self.stage.submod.parameters() if p.requires_grad}
+        found = _consumers(roots, set(params))
+        taken = {key: edges for key, edges in found.items()
                  if all(isinstance(node, BackwardCFunction) for node, _ in edges)}
         if not taken:
             self.active = False  # the stage's graph keeps its shape: no later B takes any either
             self.roots.clear()
             return None
-        return _Capture(taken)
+        whole = [(keys, nodes) for keys, nodes in _sharing(found) if keys <= taken.keys()]
+        return _Capture(taken, params, whole)
 
     def after_b(self, bwd_chunk_id: int, capture: Optional["_Capture"]) -> int:
         """Adds the taken gradients to ``.grad`` and leaves their groups to W
@@ -125,19 +140,61 @@ class WeightGradsInB:
         taken = 0
         for group in b_param_groups(self.stage, bwd_chunk_id):
             params = [node.variable for node in group["params"]]
-            grads = [capture.grad(p) for p in params]
-            if any(g is _NOT_TAKEN for g in grads):
-                continue
-            for p, g in zip(params, grads):
-                if g is None:
+            added = [id(p) in capture.added for p in params]
+            if any(added) and not all(added):
+                raise RuntimeError(
+                    f"prefire.pipelining: stage {self.stage.stage_index}'s B added the weight gradients of "
+                    f"{sum(added)} of a param group's {len(params)} parameters, and W would compute the group's "
+                    "again; torch grouped the parameters otherwise than Note [Weight gradients a custom Function "
+                    "computes in B] expects")
+            if not all(added):
+                grads = [capture.grad(p) for p in params]
+                if any(g is _NOT_TAKEN for g in grads):
                     continue
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad += g
+                for p, g in zip(params, grads):
+                    _accumulate(p, g)
             leave_nothing_for_w(group)
             taken += 1
         return taken
+
+
+def _accumulate(p: torch.Tensor, g: Optional[torch.Tensor]) -> None:
+    """``p.grad += g``, as torch's W adds a weight's gradient."""
+    if g is None:
+        return
+    if p.grad is None:
+        p.grad = g
+    else:
+        p.grad += g
+
+
+def _sharing(found: Dict[int, List[Edge]]) -> List[Tuple[Set[int], Set[Any]]]:
+    """The parameters (keys of ``found``) that share a node, transitively,
+    and their nodes: each set with no node in common with another."""
+    of_node: Dict[Any, Set[int]] = {}
+    for key, edges in found.items():
+        for node, _ in edges:
+            of_node.setdefault(node, set()).add(key)
+    out: List[Tuple[Set[int], Set[Any]]] = []
+    placed: Set[int] = set()
+    for first in found:
+        if first in placed:
+            continue
+        keys: Set[int] = set()
+        nodes: Set[Any] = set()
+        stack = [first]
+        while stack:
+            key = stack.pop()
+            if key in keys:
+                continue
+            keys.add(key)
+            for node, _ in found[key]:
+                if node not in nodes:
+                    nodes.add(node)
+                    stack.extend(of_node[node] - keys)
+        placed |= keys
+        out.append((keys, nodes))
+    return out
 
 
 _NOT_TAKEN = object()
@@ -146,16 +203,42 @@ _NOT_TAKEN = object()
 class _Capture:
     """The post-hooks of one B and what they saw."""
 
-    def __init__(self, taken: Dict[int, List[Edge]]) -> None:
-        self.taken = taken
-        self.seen: Dict[Any, tuple] = {}
-        nodes = {node for edges in taken.values() for node, _ in edges}
-        self.handles = [node.register_hook(self._hook(node)) for node in nodes]
+    def __init__(self, taken: Dict[int, List[Edge]], params: Dict[int, torch.Tensor],
+                 whole: List[Tuple[Set[int], Set[Any]]]) -> None:
+        self.taken, self.params = taken, params
+        self.seen: Dict[Any, Dict[int, Optional[torch.Tensor]]] = {}
+        self.added: Set[int] = set()  # parameters whose gradients a hook added to .grad (step 3 of the Note)
+        # node -> the sets of parameters it completes, each [keys, nodes yet to run]
+        self.waiting: Dict[Any, List[List[Any]]] = {}
+        for keys, nodes in whole:
+            entry = [keys, set(nodes)]
+            for node in nodes:
+                self.waiting.setdefault(node, []).append(entry)
+        kept: Dict[Any, Set[int]] = {}  # node -> the indices of its gradients that go to taken parameters
+        for edges in taken.values():
+            for node, index in edges:
+                kept.setdefault(node, set()).add(index)
+        self.handles = [node.register_hook(self._hook(node, indices)) for node, indices in kept.items()]
 
-    def _hook(self, node):
+    def _hook(self, node, indices: Set[int]):
         def hook(grad_inputs, grad_outputs):
-            self.seen[node] = grad_inputs
+            # the weights' gradients only: the input's goes on to the next node
+            self.seen[node] = {i: grad_inputs[i] for i in indices}
+            for keys, left in self.waiting.get(node, ()):
+                left.discard(node)
+                if not left:
+                    self._add(keys)
         return hook
+
+    def _add(self, keys: Set[int]) -> None:
+        """Adds a set's gradients to ``.grad`` and lets go of them."""
+        for key in keys:
+            p = self.params[key]
+            _accumulate(p, self.grad(p))
+            self.added.add(key)
+        for key in keys:
+            for node, _ in self.taken[key]:
+                self.seen.pop(node, None)
 
     def remove_hooks(self) -> None:
         for handle in self.handles:
