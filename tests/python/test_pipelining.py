@@ -15,7 +15,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch.distributed import pipelining as pp
 
 import prefire
-from prefire import _compile, pipelining
+from prefire import _compile, _warn_once, pipelining
 from pipeline_bench import run
 from pipeline_bench.config import RunConfig
 from pipeline_bench.model import GPT, ModelConfig, Stage, data, loss_fn, reference_gradients
@@ -234,6 +234,35 @@ def test_w_takes_from_b_on_fsdp2_stages_as_the_reduce_at_the_steps_end_expects(o
                 off = max(float((grads[n] - torchs[n]).norm() / torchs[n].norm()) for n in torchs)
                 assert off < 0.02, off
         assert sessions.stats().w_groups_taken_in_b == 2 * 2 * mb and sessions.stats().trim_misses == 0
+        sessions.disable()
+
+
+def test_parameters_torchs_w_gives_no_gradient_are_named_in_a_warning(one_rank):
+    # Note [Parameters torch's W gives no gradient]: torchtitan shards each block with
+    # reshard_after_forward=True; under torch's B/W split the resharded blocks' parameters get no gradient
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (1,))
+    for reshard in (True, False):
+        def shard(m):
+            for block in m.blocks.values():
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            return fully_shard(m, mesh=mesh, reshard_after_forward=False)
+
+        schedule, modules, _ = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x), shard=shard)
+        sessions = pipelining.enable(schedule)
+        tokens, targets = data(TINY)
+        _warn_once.warned.discard("params-w-misses")
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            schedule.step(tokens, target=targets)
+        said = [str(w.message) for w in said if "put in no param group" in str(w.message)]
+        lost = [n for n, p in modules[1].named_parameters() if p.grad is None]
+        if reshard:  # torch's own split: the split stage's blocks get no gradient, and prefire says so
+            assert lost and len(said) == 1 and "stage 1's backward reaches" in said[0], (lost, said)
+        else:
+            assert not lost and not said, (lost, said)
         sessions.disable()
 
 

@@ -69,17 +69,39 @@ import torch
 from torch.autograd.function import BackwardCFunction
 from torch.utils._pytree import tree_flatten
 
+from .._warn_once import warn_once, warned
 from ._hook_points import b_param_groups, leave_nothing_for_w
+
+# Note [Parameters torch's W gives no gradient]
+# torch's B (stage_backward_input) groups the parameters that
+# stage.submod.parameters() yields when B begins, and its W computes
+# gradients for those groups only. A parameter the graph reaches that is
+# not among them gets no gradient, silently. That happens under FSDP2 when a
+# module inside the stage is fully_shard'ed with reshard_after_forward=True
+# (torchtitan shards each block so): by B it has resharded, parameters()
+# yields its sharded DTensors, and the graph's AccumulateGrad nodes hold
+# the unsharded parameters. Whether a block has resharded when B begins
+# depends on the schedule's order: on torch 2.14.1 a one-rank ZBV of such
+# blocks gives its split stage's parameters no gradient, eager or compiled,
+# and in tests/python/test_fsdp.py's torchtitan stack (interleaved zero
+# bubble, PP=2 x FSDP=2) the last stage's B finds no group in every
+# micro-batch and the middle stages' in about half, so their gradients
+# miss those micro-batches'; with reshard_after_forward=False every B finds
+# its groups. So the first split B of each stage records the nn.Parameters
+# its graph reaches, and every split B compares torch's groups with them
+# (a set difference), warning once, naming the cause, when some are in none.
 
 Edge = Tuple[Any, int]  # (autograd node, index of its output)
 
 
-def _consumers(roots: List[Any], params: Set[int]) -> Dict[int, List[Edge]]:
-    """id(parameter) -> every (node, output index) whose edge reaches its
-    ``AccumulateGrad``, over the graph under ``roots``."""
+def _consumers(roots: List[Any]) -> Tuple[Dict[int, List[Edge]], Dict[int, torch.Tensor]]:
+    """id(leaf) -> every (node, output index) whose edge reaches its
+    ``AccumulateGrad``, over the graph under ``roots``; and id(leaf) -> the
+    leaf."""
     seen = set(roots)
     stack = list(roots)
     found: Dict[int, List[Edge]] = {}
+    leaves: Dict[int, torch.Tensor] = {}
     while stack:
         node = stack.pop()
         for index, (child, _) in enumerate(node.next_functions):
@@ -87,13 +109,13 @@ def _consumers(roots: List[Any], params: Set[int]) -> Dict[int, List[Edge]]:
                 continue
             if type(child).__name__ == "AccumulateGrad":
                 key = id(child.variable)
-                if key in params:
-                    found.setdefault(key, []).append((node, index))
+                found.setdefault(key, []).append((node, index))
+                leaves[key] = child.variable
                 continue
             if child not in seen:
                 seen.add(child)
                 stack.append(child)
-    return found
+    return found, leaves
 
 
 class WeightGradsInB:
@@ -103,11 +125,16 @@ class WeightGradsInB:
     def __init__(self, stage: Any) -> None:
         self.stage = stage
         self.active = getattr(stage, "dw_builder", None) is None
+        # Note [Parameters torch's W gives no gradient]: the nn.Parameters the stage's first split B's graph
+        # reaches (the graph keeps its shape between micro-batches), which every split B compares with torch's
+        # param groups until one warns
+        self.unchecked = True
+        self.graph_params: Optional[Dict[int, torch.Tensor]] = None
         self.roots: Dict[int, List[Any]] = {}  # micro-batch -> grad_fns of its forward's output
 
     def forward_done(self, fwd_chunk_id: int, output: Any) -> None:
         """Remembers where the graph of a forward's output begins."""
-        if self.active and not self.stage.is_first:
+        if (self.active or self.unchecked) and not self.stage.is_first:
             tensors = tree_flatten(output)[0]
             self.roots[fwd_chunk_id] = [t.grad_fn for t in tensors
                                         if isinstance(t, torch.Tensor) and t.grad_fn is not None]
@@ -119,10 +146,16 @@ class WeightGradsInB:
         """Hooks the nodes whose weight gradients this B will take; None
         when this B takes none (``full``: a full backward, no W to spare)."""
         roots = self.roots.pop(bwd_chunk_id, None)
-        if full or not self.active or not roots:
+        if full or not roots or not (self.active or self.unchecked):
+            return None
+        found, leaves = _consumers(roots)
+        if self.unchecked:
+            self.unchecked = False
+            self.graph_params = {key: v for key, v in leaves.items() if isinstance(v, torch.nn.Parameter)}
+        if not self.active:
             return None
         params = {id(p): p for p in self.stage.submod.parameters() if p.requires_grad}
-        found = _consumers(roots, set(params))
+        found = {key: edges for key, edges in found.items() if key in params}
         taken = {key: edges for key, edges in found.items()
                  if all(isinstance(node, BackwardCFunction) for node, _ in edges)}
         if not taken:
@@ -135,6 +168,8 @@ class WeightGradsInB:
     def after_b(self, bwd_chunk_id: int, capture: Optional["_Capture"]) -> int:
         """Adds the taken gradients to ``.grad`` and leaves their groups to W
         with nothing to run; returns how many groups that was."""
+        if self.graph_params is not None and "params-w-misses" not in warned:
+            self._check_groups(b_param_groups(self.stage, bwd_chunk_id))
         if capture is None:
             return 0
         taken = 0
@@ -156,6 +191,22 @@ class WeightGradsInB:
             leave_nothing_for_w(group)
             taken += 1
         return taken
+
+    def _check_groups(self, groups: List[Dict[str, Any]]) -> None:
+        """Warns when the graph reaches parameters no param group holds
+        (Note [Parameters torch's W gives no gradient])."""
+        grouped = {id(node.variable) for group in groups for node in group["params"]}
+        lost = [p for key, p in (self.graph_params or {}).items() if key not in grouped]
+        if lost:
+            warn_once(
+                "params-w-misses",
+                f"prefire.pipelining: stage {self.stage.stage_index}'s backward reaches {len(lost)} parameters "
+                f"(shapes {sorted({tuple(p.shape) for p in lost})}) that torch's B put in no param group, so its W "
+                "computes no gradient for them: a micro-batch split into B and W adds none to theirs. torch groups "
+                "the parameters stage.submod.parameters() gives as B begins; a module fully_shard'ed with "
+                "reshard_after_forward=True has resharded by then, and the graph holds its unsharded parameters. "
+                "Under a schedule that splits B and W, shard such modules with reshard_after_forward=False (Note "
+                "[Parameters torch's W gives no gradient] in prefire/pipelining/_weight_grads_in_b.py)")
 
 
 def _accumulate(p: torch.Tensor, g: Optional[torch.Tensor]) -> None:
