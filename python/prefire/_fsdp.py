@@ -33,10 +33,10 @@ each FSDP state that manages parameters of the checkpointed module:
      backward does anyway. The recomputed tensors that alias the gathered
      parameters are valid again from then on, exactly as forward's saved
      tensors are under ``reshard_after_forward``. Leaving them gathered for
-     the backward that follows would save that all-gather, but a pipeline
-     stage's split backward then computed wrong weight gradients
-     (interleaved zero bubble, PP=2 x FSDP=2, test_fsdp.py): FSDP's state
-     is given back as it was, always.
+     the backward that follows would save that all-gather and hold the
+     gathered parameters from the prefire to the backward; FSDP's state is
+     given back as it was, always, so FSDP's own hooks find what they
+     expect.
 The checkpointed module is the function's module (an ``nn.Module``, its
 bound method, or a ``functools.partial`` of either); a checkpoint of some
 other callable gets no help, and a recomputation of it on sharded
@@ -119,6 +119,20 @@ def _groups(state) -> List[Any]:
         group = getattr(state, "_fsdp_param_group", None)
         groups = [group] if group is not None else []
     return groups
+
+
+def gather_sharded(module: torch.nn.Module) -> int:
+    """Gathers every FSDP module in ``module`` whose parameters are sharded
+    (``FSDPModule.unshard()``, one all-gather each); returns how many.
+    Used before a pipeline stage's split backward passes (Note [Parameters
+    torch's W gives no gradient] in pipelining/_weight_grads_in_b.py)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in module.modules() if isinstance(m, FSDPModule)
+               and not all(g.is_unsharded for g in _groups(m._get_fsdp_state()))]
+    for m in sharded:
+        m.unshard()
+    return len(sharded)
 
 
 def all_gathered(module: torch.nn.Module) -> bool:

@@ -6,9 +6,10 @@ backward (Note [Prefire of FSDP2-sharded blocks]): gradients bit-equal to no
 checkpointing, each block run twice, blocks resharded after a prefire as FSDP
 had them, FSDP's forward order untouched, all-gathers counted. Then the
 torchtitan stack on 4 ranks: PP=2 x FSDP=2, AC through torch's
-checkpoint_wrapper with checkpoint_fn=prefire.checkpoint, fully_shard with
-reshard_after_forward, interleaved zero bubble, prefire.pipelining with
-bubble=True. CPU, one intra-op thread per rank."""
+checkpoint_wrapper with checkpoint_fn=prefire.checkpoint, fully_shard per
+block without reshard_after_forward (torchtitan's default under pipelining)
+and with it, interleaved zero bubble, prefire.pipelining with bubble=True.
+CPU, one intra-op thread per rank."""
 
 import os
 import time
@@ -178,9 +179,11 @@ STEPS = 4
 
 def titan_worker(rank, store_path, results_dir):
     """torchtitan's stack on PP=2 x FSDP=2: AC per block through torch's
-    checkpoint_wrapper (checkpoint_fn swapped), fully_shard per block with
-    reshard_after_forward and per stage without, interleaved zero bubble.
-    Writes this rank's losses, parameters and counts per configuration."""
+    checkpoint_wrapper (checkpoint_fn swapped), fully_shard per block and
+    per stage without reshard_after_forward (torchtitan's default under
+    pipelining; "prefire-resharded": the blocks with it), interleaved zero
+    bubble. Writes this rank's losses, parameters and counts per
+    configuration."""
     import torch.distributed.pipelining as pp
     import torch.utils.checkpoint as torch_checkpoint
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -198,7 +201,7 @@ def titan_worker(rank, store_path, results_dir):
         pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
         mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         out = {}
-        for ac in ("none", "torch", "prefire", "prefire-budget"):
+        for ac in ("none", "torch", "prefire", "prefire-budget", "prefire-resharded"):
             torch.manual_seed(0)
             all_blocks = [Block() for _ in range(2 * STAGES)]
             mine = [s for s in range(STAGES) if s % 2 == pp_rank]
@@ -211,7 +214,8 @@ def titan_worker(rank, store_path, results_dir):
                     blocks = [checkpoint_wrapper(b, checkpoint_fn=fn, use_reentrant=False) if ac == "torch"
                               else checkpoint_wrapper(b, checkpoint_fn=fn) for b in blocks]
                 for b in blocks:
-                    fully_shard(b, mesh=mesh["dp"], reshard_after_forward=True, mp_policy=mp_policy)
+                    fully_shard(b, mesh=mesh["dp"], reshard_after_forward=ac == "prefire-resharded",
+                                mp_policy=mp_policy)
                 module = fully_shard(torch.nn.Sequential(*blocks), mesh=mesh["dp"], reshard_after_forward=False,
                                      mp_policy=mp_policy)
                 params += list(module.parameters())
@@ -250,7 +254,8 @@ def titan_worker(rank, store_path, results_dir):
                        "gathers": step_gathers, "seconds": step_s, "gradless": gradless,
                        "warned_gradless": any("put in no param group" in str(w.message) for w in said),
                        "bubble_prefires": pipelining.stats().bubble_prefires if pipelining else 0,
-                       "released_after_b": pipelining.stats().released_after_b if pipelining else 0}
+                       "released_after_b": pipelining.stats().released_after_b if pipelining else 0,
+                       "gathered_for_split": pipelining.stats().gathered_for_split if pipelining else 0}
             if pipelining is not None:
                 pipelining.disable()
         torch.save(out, os.path.join(results_dir, f"rank{rank}.pt"))
@@ -266,22 +271,23 @@ def test_torchtitan_stack_pp2_fsdp2_bubble_prefire_equals_no_checkpointing_with_
     for rank in range(4):
         out = torch.load(tmp_path / f"rank{rank}.pt")
         none, with_torch, with_prefire, budgeted = out["none"], out["torch"], out["prefire"], out["prefire-budget"]
-        for ac in (with_torch, with_prefire, budgeted):
+        resharded = out["prefire-resharded"]
+        for ac in (with_torch, with_prefire, budgeted, resharded):
             assert ac["losses"] == none["losses"], rank
             for p, e in zip(ac["params"], none["params"]):
                 assert torch.equal(p, e), rank
-        # torch's own W computes no weight gradient for many micro-batches here, checkpointed or not: the
-        # blocks reshard after forward (Note [Parameters torch's W gives no gradient]). The last stage (pp
-        # rank 1) gets none at all, the middle stages miss about half their micro-batches'. Every mode loses
-        # the same, so the comparisons above hold; prefire says so on every rank.
-        for ac in (none, with_torch, with_prefire, budgeted):
-            assert all((g > 0) == (rank >= 2) for g in ac["gradless"]), (rank, ac["gradless"])
-        assert with_prefire["warned_gradless"] and budgeted["warned_gradless"], rank
+        # every parameter has its gradient; with the blocks resharded after forward, torch's own B/W split
+        # gives the resharded blocks' parameters none (Note [Parameters torch's W gives no gradient]), and
+        # prefire gathers them for B and W (the equalities above: no gradient lost)
+        for ac in (none, with_torch, with_prefire, budgeted, resharded):
+            assert not any(ac["gradless"]) and not ac["warned_gradless"], (rank, ac["gradless"])
+        assert resharded["gathered_for_split"] > 0 and with_prefire["gathered_for_split"] == 0, rank
         # (the first step also runs the stages' shape inference)
         assert none["runs"][1:] == [blocks_per_rank * MICRO_BATCHES] * (STEPS - 1)
         # prefire: forward plus one recomputation per block and micro-batch
         assert with_prefire["runs"][1:] == [2 * blocks_per_rank * MICRO_BATCHES] * (STEPS - 1), \
             (rank, with_prefire["runs"])
+        assert resharded["runs"][1:] == with_prefire["runs"][1:], (rank, resharded["runs"])
         assert all(t > p for t, p in zip(with_torch["runs"], with_prefire["runs"])), (rank, with_torch["runs"])
         # bubble prefires ran (after the two warm-up steps; only where the
         # stage was all gathered) and added no all-gather
@@ -297,7 +303,9 @@ def test_torchtitan_stack_pp2_fsdp2_bubble_prefire_equals_no_checkpointing_with_
         print(f"rank {rank}: block runs per step none {none['runs'][-1]}, torch AC {with_torch['runs'][-1]}, "
               f"prefire {with_prefire['runs'][-1]}, prefire budget 0 {budgeted['runs'][-1]}; all-gathers per step "
               f"none {none['gathers'][-1]}, torch AC {with_torch['gathers'][-1]}, prefire {with_prefire['gathers'][-1]}, "
-              f"prefire budget 0 {budgeted['gathers'][-1]}; "
+              f"prefire budget 0 {budgeted['gathers'][-1]}, prefire resharded {resharded['gathers'][-1]}; "
               f"bubble prefires {with_prefire['bubble_prefires']}; last step's time against no checkpointing "
               f"(not asserted): torch AC {with_torch['seconds'][-1] / none['seconds'][-1]:.2f}, "
-              f"prefire {with_prefire['seconds'][-1] / none['seconds'][-1]:.2f}")
+              f"prefire {with_prefire['seconds'][-1] / none['seconds'][-1]:.2f}, "
+              f"prefire resharded {resharded['seconds'][-1] / none['seconds'][-1]:.2f} "
+              f"({resharded['bubble_prefires']} bubble prefires)")

@@ -237,33 +237,49 @@ def test_w_takes_from_b_on_fsdp2_stages_as_the_reduce_at_the_steps_end_expects(o
         sessions.disable()
 
 
-def test_parameters_torchs_w_gives_no_gradient_are_named_in_a_warning(one_rank):
-    # Note [Parameters torch's W gives no gradient]: torchtitan shards each block with
-    # reshard_after_forward=True; under torch's B/W split the resharded blocks' parameters get no gradient
+def test_blocks_fsdp2_resharded_after_forward_get_every_weight_gradient_where_torchs_split_loses_them(one_rank):
+    # Note [Parameters torch's W gives no gradient]: a block sharded with reshard_after_forward=True has resharded
+    # when B begins, and torch's B/W split then gives its parameters no gradient; enable gathers it for B and W
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (1,))
+    expected = reference_gradients(TINY)
     for reshard in (True, False):
         def shard(m):
             for block in m.blocks.values():
                 fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
             return fully_shard(m, mesh=mesh, reshard_after_forward=False)
 
-        schedule, modules, _ = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x), shard=shard)
-        sessions = pipelining.enable(schedule)
+        schedule, modules, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x), shard=shard)
         tokens, targets = data(TINY)
+        schedule.step(tokens, target=targets)
+        lost = [n for n, p in modules[1].named_parameters() if p.grad is None]
+        assert bool(lost) == reshard, lost  # torch's own split (torch 2.11 to 2.15)
+        sessions = pipelining.enable(schedule)
         _warn_once.warned.discard("params-w-misses")
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            schedule.step(tokens, target=targets)
-        said = [str(w.message) for w in said if "put in no param group" in str(w.message)]
-        lost = [n for n, p in modules[1].named_parameters() if p.grad is None]
-        if reshard:  # torch's own split: the split stage's blocks get no gradient, and prefire says so
-            assert lost and len(said) == 1 and "stage 1's backward reaches" in said[0], (lost, said)
-        else:
-            assert not lost and not said, (lost, said)
+            for _ in range(2):
+                grads = step()
+                assert all(torch.allclose(grads[n], expected[n], rtol=1e-4, atol=1e-6) for n in expected), reshard
+        assert not [w for w in said if "put in no param group" in str(w.message)]
+        assert (sessions.stats().gathered_for_split > 0) == reshard, sessions.stats()
         sessions.disable()
+
+
+def test_parameters_the_stage_module_does_not_register_are_named_in_a_warning(one_rank):
+    # Note [Parameters torch's W gives no gradient]: torch's W computes gradients for stage.submod.parameters()
+    scale = torch.nn.Parameter(torch.ones(TINY.dim))
+    schedule, modules, step = zbv_one_rank(lambda b, x: prefire.checkpoint(b, x) * scale)
+    sessions = pipelining.enable(schedule)
+    _warn_once.warned.discard("params-w-misses")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        step()
+    said = [str(w.message) for w in said if "put in no param group" in str(w.message)]
+    assert len(said) == 1 and "stage 1's backward reaches 1 parameters (shapes [(32,)])" in said[0], said
+    sessions.disable()
 
 
 @torch._functorch.config.patch(donated_buffer=False)

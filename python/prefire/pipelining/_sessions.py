@@ -164,6 +164,8 @@ class _StageSessions:
         index, backward = self.stage.stage_index, self.original["backward_one_chunk"]
         full = is_full_backward(args, kwargs)
         self.listener.action_begins(("BW" if full else "B", index, bwd_chunk_id))
+        if not full:
+            self.gather_for_split_pass()
         # W takes what B computed of the weight gradients (Note [Weight gradients a custom Function computes in B])
         capture = self.grads_in_b.before_b(bwd_chunk_id, full)
         # B keeps what it recomputed for W, or only what W reads; a full backward is the last pass.
@@ -190,8 +192,16 @@ class _StageSessions:
     def backward_weight_one_chunk(self, bwd_chunk_id, *args, **kwargs):
         index, weight = self.stage.stage_index, self.original["backward_weight_one_chunk"]
         self.listener.action_begins(("W", index, bwd_chunk_id))
+        self.gather_for_split_pass()
         self.run_pass(bwd_chunk_id, False, lambda: weight(bwd_chunk_id, *args, **kwargs), weight=True)
         self.listener.action_done(index, bwd_chunk_id, last_pass=True)
+
+    def gather_for_split_pass(self) -> None:
+        """Note [Parameters torch's W gives no gradient]: torch's B and W
+        find the parameters the graph holds only where FSDP has them
+        gathered."""
+        if self.fsdp:
+            self.stats.gathered_for_split += _fsdp.gather_sharded(self.stage.submod)
 
     def clear_runtime_states(self):
         self.clear_all()

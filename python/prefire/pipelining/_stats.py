@@ -21,3 +21,4 @@ class PipelineStats:
     graphs_let_go: int = 0        # last-stage micro-batches whose output and loss hold no graph after W
     prefires_let_go: int = 0      # bubble-prefired micro-batches let go so that a B could keep its recomputation
     w_groups_taken_in_b: int = 0  # param groups whose weight gradients B's custom-Function nodes gave (W skipped them)
+    gathered_for_split: int = 0   # FSDP modules found resharded before a split B or W and gathered for it

@@ -74,22 +74,35 @@ from ._hook_points import b_param_groups, leave_nothing_for_w
 
 # Note [Parameters torch's W gives no gradient]
 # torch's B (stage_backward_input) groups the parameters that
-# stage.submod.parameters() yields when B begins, and its W computes
-# gradients for those groups only. A parameter the graph reaches that is
-# not among them gets no gradient, silently. That happens under FSDP2 when a
-# module inside the stage is fully_shard'ed with reshard_after_forward=True
-# (torchtitan shards each block so): by B it has resharded, parameters()
-# yields its sharded DTensors, and the graph's AccumulateGrad nodes hold
-# the unsharded parameters. Whether a block has resharded when B begins
-# depends on the schedule's order: on torch 2.14.1 a one-rank ZBV of such
-# blocks gives its split stage's parameters no gradient, eager or compiled,
-# and in tests/python/test_fsdp.py's torchtitan stack (interleaved zero
-# bubble, PP=2 x FSDP=2) the last stage's B finds no group in every
-# micro-batch and the middle stages' in about half, so their gradients
-# miss those micro-batches'; with reshard_after_forward=False every B finds
-# its groups. So the first split B of each stage records the nn.Parameters
-# its graph reaches, and every split B compares torch's groups with them
-# (a set difference), warning once, naming the cause, when some are in none.
+# stage.submod.parameters() yields when B begins; its W computes gradients
+# for those groups only, each added to the parameter with the same
+# AccumulateGrad among those stage.submod.parameters() yields when W
+# begins. A parameter the graph reaches that is not among them gets no
+# gradient, silently. That happens two ways:
+#   * FSDP2. A module in the stage fully_shard'ed with
+#     reshard_after_forward=True (fully_shard's default; torchtitan's only
+#     without pipelining or with fsdp_reshard_after_forward="always") has
+#     resharded when B begins unless a backward gathered it since its
+#     forward: parameters() yields its sharded DTensors, and the graph's
+#     AccumulateGrad nodes hold the unsharded parameters. torch 2.11 to
+#     2.15 lose those gradients under their own split: on a one-rank ZBV
+#     of such blocks the split stage's parameters get none, eager or
+#     compiled; on an interleaved zero bubble schedule, PP=2 x FSDP=2, the
+#     last stage's every micro-batch's and the middle stages' about half.
+#     So ``enable`` gathers the stage's resharded FSDP modules
+#     (FSDPModule.unshard(), public) before each split B and each W, and
+#     both find the parameters the graph holds. B's pre-backward hooks
+#     would gather them during B anyway, and torch's pipelining keeps them
+#     gathered after it (reshard_after_backward=False until the step's
+#     reduce): the same all-gathers, a little sooner. A W gathers only when
+#     a forward resharded the module since its B (a recomputation in W
+#     needs the parameters too). Every rank of the FSDP group runs the
+#     schedule's actions in the same order, so the collectives match.
+#   * A parameter the stage's forward uses that its module does not
+#     register (one another module holds, or a closure's): nothing to
+#     gather. So the first split B of each stage records the nn.Parameters
+#     its graph reaches, and every split B compares torch's groups with
+#     them (a set difference), warning once when some are in none.
 
 Edge = Tuple[Any, int]  # (autograd node, index of its output)
 
@@ -203,10 +216,9 @@ class WeightGradsInB:
                 f"prefire.pipelining: stage {self.stage.stage_index}'s backward reaches {len(lost)} parameters "
                 f"(shapes {sorted({tuple(p.shape) for p in lost})}) that torch's B put in no param group, so its W "
                 "computes no gradient for them: a micro-batch split into B and W adds none to theirs. torch groups "
-                "the parameters stage.submod.parameters() gives as B begins; a module fully_shard'ed with "
-                "reshard_after_forward=True has resharded by then, and the graph holds its unsharded parameters. "
-                "Under a schedule that splits B and W, shard such modules with reshard_after_forward=False (Note "
-                "[Parameters torch's W gives no gradient] in prefire/pipelining/_weight_grads_in_b.py)")
+                "the parameters stage.submod.parameters() gives as B begins; register every parameter the stage's "
+                "forward uses in its module (Note [Parameters torch's W gives no gradient] in "
+                "prefire/pipelining/_weight_grads_in_b.py)")
 
 
 def _accumulate(p: torch.Tensor, g: Optional[torch.Tensor]) -> None:
