@@ -94,10 +94,12 @@ from ._hook_points import b_param_groups, leave_nothing_for_w
 #     both find the parameters the graph holds. B's pre-backward hooks
 #     would gather them during B anyway, and torch's pipelining keeps them
 #     gathered after it (reshard_after_backward=False until the step's
-#     reduce): the same all-gathers, a little sooner. A W gathers only when
-#     a forward resharded the module since its B (a recomputation in W
-#     needs the parameters too). Every rank of the FSDP group runs the
-#     schedule's actions in the same order, so the collectives match.
+#     reduce): the same all-gathers, a little sooner (the stage's blocks
+#     are all gathered from B's start, not from each block's backward
+#     on). A W gathers only when a forward resharded the module since its
+#     B (a recomputation in W needs the parameters too). Every rank of the
+#     FSDP group runs the schedule's actions in the same order, so the
+#     collectives match.
 #   * A parameter the stage's forward uses that its module does not
 #     register (one another module holds, or a closure's): nothing to
 #     gather. So the first split B of each stage records the nn.Parameters
