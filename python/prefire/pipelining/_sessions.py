@@ -39,7 +39,7 @@ from .. import _C, _fsdp
 from .._checkpoint import planned_calls
 from .._schedule import collect, session
 from ._budget import RankBudget
-from ._hook_points import STAGE_METHODS, b_param_groups, is_full_backward
+from ._hook_points import STAGE_METHODS, is_full_backward
 from ._stats import PipelineStats
 from ._weight_grads_in_b import WeightGradsInB
 from .actions import Action
@@ -192,8 +192,7 @@ class _StageSessions:
     def backward_weight_one_chunk(self, bwd_chunk_id, *args, **kwargs):
         index, weight = self.stage.stage_index, self.original["backward_weight_one_chunk"]
         self.listener.action_begins(("W", index, bwd_chunk_id))
-        if self.fsdp and any(group["intermediates"] for group in b_param_groups(self.stage, bwd_chunk_id)):
-            self.gather_for_split_pass()  # (a W whose every group B took runs nothing)
+        self.gather_for_split_pass()
         self.run_pass(bwd_chunk_id, False, lambda: weight(bwd_chunk_id, *args, **kwargs), weight=True)
         self.listener.action_done(index, bwd_chunk_id, last_pass=True)
 

@@ -97,8 +97,7 @@ from ._hook_points import b_param_groups, leave_nothing_for_w
 #     reduce): the same all-gathers, a little sooner (the stage's blocks
 #     are all gathered from B's start, not from each block's backward
 #     on). A W gathers only when a forward resharded the module since its
-#     B (a recomputation in W needs the parameters too) and B left it a
-#     group to run. Every rank of the
+#     B (a recomputation in W needs the parameters too). Every rank of the
 #     FSDP group runs the schedule's actions in the same order, so the
 #     collectives match.
 #   * A parameter the stage's forward uses that its module does not
