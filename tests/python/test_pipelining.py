@@ -5,6 +5,7 @@ receives), where sessions alone decide the recomputation count. Across
 processes: the pipeline program (apps/pipeline_bench) on 2 ranks over Gloo,
 every mode, started and torn down by the test."""
 
+import copy
 import gc
 import re
 import warnings
@@ -264,6 +265,62 @@ def test_blocks_fsdp2_resharded_after_forward_get_every_weight_gradient_where_to
                 grads = step()
                 assert all(torch.allclose(grads[n], expected[n], rtol=1e-4, atol=1e-6) for n in expected), reshard
         assert not [w for w in said if "put in no param group" in str(w.message)]
+        assert (sessions.stats().gathered_for_split > 0) == reshard, sessions.stats()
+        sessions.disable()
+
+
+class MLPBlock(torch.nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.up = torch.nn.Linear(dim, 4 * dim)
+        self.down = torch.nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+@torch._functorch.config.patch(donated_buffer=False)
+def test_torchtitans_stack_of_compiled_fsdp2_blocks_on_zbv_gets_every_gradient_with_one_backward_per_block(one_rank):
+    # torchtitan's order: AC (checkpoint_wrapper), then each block compiled in place (fullgraph, inductor), then
+    # fully_shard per block; ZBV splits B and W. enable: W takes what each block's compiled backward gave in B, and
+    # blocks resharded after forward get their gradients, which torch's own split loses (Note [Parameters torch's
+    # W gives no gradient])
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh, mb = init_device_mesh("cpu", (1,)), 4
+    torch.manual_seed(0)
+    blocks = [MLPBlock() for _ in range(4)]
+    x, target = torch.randn(2 * mb, 16), torch.randn(2 * mb, 16)
+    mse = lambda y, t: (y - t).square().mean()  # noqa: E731
+    reference = [torch.nn.Sequential(*blocks)]
+    sum(mse(y, t) for y, t in zip(reference[0](x).chunk(mb), target.chunk(mb))).backward()
+    expected = [p.grad / mb for p in reference[0].parameters()]  # the schedule averages over micro-batches
+    for ac, reshard in (("torch", True), ("prefire", False), ("prefire", True)):
+        torch._dynamo.reset()
+        wrapped = [checkpoint_wrapper(copy.deepcopy(b), checkpoint_fn=prefire.checkpoint) if ac == "prefire"
+                   else checkpoint_wrapper(copy.deepcopy(b)) for b in blocks]
+        for block in wrapped:
+            block.compile(fullgraph=True)
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        modules = [fully_shard(torch.nn.Sequential(*wrapped[2 * i:2 * i + 2]), mesh=mesh, reshard_after_forward=False)
+                   for i in range(2)]
+        schedule = pp.ScheduleZBVZeroBubble([pp.PipelineStage(m, i, 2, torch.device("cpu"))
+                                             for i, m in enumerate(modules)], mb, loss_fn=mse)
+        sessions = pipelining.enable(schedule) if ac == "prefire" else None
+        for _ in range(2):
+            for m in modules:
+                m.zero_grad(set_to_none=True)
+            schedule.step(x, target=target)
+        grads = [None if p.grad is None else p.grad.full_tensor() for m in modules for p in m.parameters()]
+        if sessions is None:  # torch's own split: the split stage's resharded blocks get no gradient
+            assert sum(g is None for g in grads) == 2 * 6, [g is None for g in grads]  # 2 blocks, 6 each
+            continue
+        assert all(g is not None and torch.allclose(g, e, rtol=1e-4, atol=1e-6) for g, e in zip(grads, expected))
+        # the split stage's two blocks: each compiled backward ran once per micro-batch, in B
+        assert sessions.stats().w_groups_taken_in_b == 2 * 2 * mb, sessions.stats()
         assert (sessions.stats().gathered_for_split > 0) == reshard, sessions.stats()
         sessions.disable()
 
