@@ -9,6 +9,7 @@ import weakref
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from . import _C
 from ._thread_state import set_in_block
@@ -94,10 +95,23 @@ from ._warn_once import warn_once
 # prefire's path, so that its forward and its recomputation inside the
 # outer one's (where no collector is open) run the same program. An offloaded
 # checkpoint (offload_to) always takes prefire's path: offloading is prefire's.
+# A session scope around backward passes shares none of these blocks, and the
+# runtime, which sees no recomputation, cannot say so as it does for
+# checkpoints recomputed outside any session (Note [A session shares what is
+# registered to it], src/session/session.h). So each such block's output
+# counts the times backward reaches it (torch_path_backwards, a pre-hook on
+# its grad_fn), and a prefire.session scope during which the count grew warns
+# once, naming prefire.collect().
 
 _state = threading.local()
 _in_use = False  # no prefire.compile call yet: checkpoints skip all of this
 program_runs = 0  # recomputations a program ran (tests and benchmarks read it)
+torch_path_backwards = 0  # backward passes through a block run as torch's compiled checkpoint
+
+
+def _count_torch_path_backward(grad_outputs: Any) -> None:
+    global torch_path_backwards
+    torch_path_backwards += 1
 
 
 def in_use() -> bool:
@@ -308,7 +322,12 @@ class _TorchCheckpoint:
         if run is None:
             run = self.compiled[key] = torch.compile(_Checkpointed(self.model, options), backend=self.backend,
                                                      fullgraph=self.fullgraph, dynamic=self.dynamic)
-        return run(*args, **kwargs)
+        out = run(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                t.grad_fn.register_prehook(_count_torch_path_backward)
+                break
+        return out
 
 
 _torch_checkpoints: "weakref.WeakKeyDictionary[Any, _TorchCheckpoint]" = weakref.WeakKeyDictionary()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 from typing import List, Optional
 
-from . import _C
+from . import _C, _compile
+from ._warn_once import warn_once
 
 _open_collectors = threading.local()
 
@@ -92,6 +93,7 @@ class session:
 
     def __enter__(self) -> "session":
         self._scope.open(self._id, self._retain, self._next_pass_reads)
+        self._torch_path_backwards = _compile.torch_path_backwards
         return self
 
     @property
@@ -101,6 +103,14 @@ class session:
 
     def __exit__(self, *exc) -> None:
         self._scope.close()
+        # See Note [A block no collector sees runs torch's compiled checkpoint] (_compile.py)
+        if _compile.torch_path_backwards > self._torch_path_backwards:
+            warn_once(
+                "session-torch-path",
+                f"prefire: session {self._id}'s scope ran the backward of prefire.compile'd blocks checkpointed "
+                "with no prefire.collect() open around their forward; those run as torch's compiled checkpoint, "
+                "which no session shares, so each pass recomputed them. Collect their handles (prefire.collect()) "
+                "and register them (prefire.attach / prefire.prefire) for a session to share them")
 
 
 def prefire(handle: CheckpointHandle, session: int) -> PrefireStatus:

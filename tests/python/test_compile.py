@@ -6,6 +6,7 @@ prefire.compile reads: the program stops running (program_runs) or the
 gradients change."""
 
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -85,6 +86,31 @@ def test_a_prefire_compiled_block_no_collector_sees_is_torchs_compiled_checkpoin
     assert prefire.runtime_stats().recomputations - recomputations == len(blocks)
     with pytest.raises(ValueError, match="determinism_check must be"):
         prefire.checkpoint(prefire.compile(blocks[0]), x, determinism_check="bits")
+
+
+@torch._functorch.config.patch(donated_buffer=False)  # B keeps the graph for W (retain_graph)
+def test_session_scopes_around_the_passes_of_a_block_no_collector_saw_warn_that_nothing_was_shared():
+    # Note [A block no collector sees runs torch's compiled checkpoint]: the runtime sees no recomputation there
+    blocks, x = blocks_and_input(n=1)
+    layer = prefire.checkpoint_wrapper(prefire.compile(blocks[0]))
+    for collected in (False, True):
+        _warn_once.warned.discard("session-torch-path")
+        with prefire.collect() if collected else contextlib.nullcontext() as handles:
+            loss = layer(x).square().mean()
+        if collected:
+            prefire.attach(handles[0], 7)
+        backwards = _compile.torch_path_backwards
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            with prefire.session(7, retain_on_unpack=True):  # B
+                torch.autograd.grad(loss, x, retain_graph=True)
+            with prefire.session(7):  # W
+                torch.autograd.grad(loss, list(blocks[0].parameters()))
+        prefire.clear_session(7)
+        said = [str(w.message) for w in said if "no session shares" in str(w.message)]
+        assert _compile.torch_path_backwards - backwards == (0 if collected else 2)
+        assert len(said) == (0 if collected else 1), said
+        assert collected or said[0].startswith("prefire: session 7's scope ran the backward of prefire.compile'd")
 
 
 def test_a_prefire_compiled_block_inside_another_checkpoint_takes_prefires_path_in_forward_and_recomputation():
