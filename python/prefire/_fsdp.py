@@ -121,15 +121,20 @@ def _groups(state) -> List[Any]:
     return groups
 
 
+def _sharded(module: torch.nn.Module) -> List[torch.nn.Module]:
+    """The FSDP modules in ``module`` whose parameters are not all gathered."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)
+            and not all(g.is_unsharded for g in _groups(m._get_fsdp_state()))]
+
+
 def gather_sharded(module: torch.nn.Module) -> int:
     """Gathers every FSDP module in ``module`` whose parameters are sharded
     (``FSDPModule.unshard()``, one all-gather each); returns how many.
     Used before a pipeline stage's split backward passes (Note [Parameters
     torch's W gives no gradient] in pipelining/_weight_grads_in_b.py)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    sharded = [m for m in module.modules() if isinstance(m, FSDPModule)
-               and not all(g.is_unsharded for g in _groups(m._get_fsdp_state()))]
+    sharded = _sharded(module)
     for m in sharded:
         m.unshard()
     return len(sharded)
@@ -138,10 +143,7 @@ def gather_sharded(module: torch.nn.Module) -> int:
 def all_gathered(module: torch.nn.Module) -> bool:
     """Whether every FSDP module in ``module`` has its parameters gathered:
     a recomputation inside it then issues no collective."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return all(g.is_unsharded for m in module.modules() if isinstance(m, FSDPModule)
-               for g in _groups(m._get_fsdp_state()))
+    return not _sharded(module)
 
 
 @contextlib.contextmanager
